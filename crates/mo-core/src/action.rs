@@ -1,0 +1,90 @@
+//! What a policy asks for, and how the world answered.
+
+use crate::component::Component;
+use crate::observe::WorkState;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    /// `PatchCNStore` / `UpdateCNWorkState`.
+    SetCnWorkState { uuid: String, state: WorkState },
+    /// Today's restart handshake on the TN lock allocator (names a UUID, not an instance).
+    SetRestartService { uuid: String },
+    /// `DeleteCNStore`.
+    DeleteCnStore { uuid: String },
+    /// Graceful delete of a pod, guarded by its UID (a recreated pod is never deleted by mistake).
+    DeletePod {
+        pod: String,
+        uid: String,
+        reason: String,
+    },
+    /// Set the pod's version in its workload and delete it; the workload recreates it.
+    RestartPod {
+        pod: String,
+        uid: String,
+        version: String,
+    },
+}
+
+impl Action {
+    /// The pod or CN the action is about, for logs.
+    pub fn subject(&self) -> &str {
+        match self {
+            Action::SetCnWorkState { uuid, .. }
+            | Action::SetRestartService { uuid }
+            | Action::DeleteCnStore { uuid } => uuid,
+            Action::DeletePod { pod, .. } | Action::RestartPod { pod, .. } => pod,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "kind", content = "detail", rename_all = "snake_case")]
+pub enum ActionError {
+    #[error("does not exist: {0}")]
+    DoesNotExist(String),
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// The object is not the instance the action named (UID precondition failed).
+    #[error("conflict: {0}")]
+    Conflict(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionResult {
+    pub action: Action,
+    pub result: Result<(), ActionError>,
+}
+
+/// Progress a policy reports about itself (the simulator records them; the operator turns them
+/// into conditions and events).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "note", rename_all = "snake_case")]
+pub enum PolicyNote {
+    PhaseStarted {
+        component: Component,
+    },
+    PhaseFinished {
+        component: Component,
+    },
+    UpgradeFinished,
+    /// The policy holds something back and says why.
+    Holding {
+        subject: String,
+        reason: String,
+    },
+    /// The policy let something go and says why.
+    Released {
+        subject: String,
+        reason: String,
+    },
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    pub actions: Vec<Action>,
+    pub notes: Vec<PolicyNote>,
+}

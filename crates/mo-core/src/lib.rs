@@ -1,0 +1,23 @@
+//! The decision core of the MatrixOne operator.
+//!
+//! Everything here is pure: time, observations and results of earlier actions are inputs;
+//! actions and notes are outputs. The simulator, the Kubernetes adapter and tests drive the
+//! same code through [`policy::Policy`].
+
+pub mod action;
+pub mod component;
+pub mod observe;
+pub mod policy;
+pub mod strategy;
+pub mod time;
+
+pub use action::{Action, ActionError, ActionResult, Decision, PolicyNote};
+pub use component::Component;
+pub use observe::{
+    AllocatorView, ClusterDetails, CnActivity, CnStoreView, DesiredState, EvictionRequest,
+    LogReplicaView, LogShardView, Observation, ObservationError, PodObservation, PodPhase,
+    PoolPhase, RemovalReason, RemovalRequest, RestartAnswer, TnStoreView, UpgradeSpec, WorkState,
+};
+pub use policy::{EvictionVerdict, Policy, PolicyInput};
+pub use strategy::{Strategy, StrategyError};
+pub use time::Millis;

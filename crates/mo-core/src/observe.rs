@@ -1,0 +1,192 @@
+//! What a policy sees. Every reading that comes from the MatrixOne kernel can fail, and the
+//! failure is kept as a typed value: a policy must be able to tell "zero sessions" from
+//! "could not ask".
+
+use crate::component::Component;
+use crate::strategy::Strategy;
+use crate::time::Millis;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Why a reading is missing. Each of these is uncertainty, never an answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "kind", content = "detail", rename_all = "snake_case")]
+pub enum ObservationError {
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    #[error("timed out: {0}")]
+    Timeout(String),
+    #[error("does not exist: {0}")]
+    DoesNotExist(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PodPhase {
+    Pending,
+    Running,
+}
+
+/// Pool phases of the CN pool (claims bind Idle pods to owners).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolPhase {
+    Idle,
+    Bound,
+    Draining,
+    Terminating,
+}
+
+/// HAKeeper work states (values as in the kernel: Unknown=0 … Drained=3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkState {
+    Unknown,
+    Working,
+    Draining,
+    Drained,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodObservation {
+    pub name: String,
+    pub uid: String,
+    pub component: Component,
+    pub node: String,
+    pub phase: PodPhase,
+    pub ready: bool,
+    /// Version of the running container (the image tag).
+    pub version: String,
+    /// A deletion was requested (the pod is shutting down).
+    pub terminating: bool,
+    pub restarts: u32,
+    /// For CN pods: the UUID derived from the pod's DNS name.
+    pub cn_uuid: Option<String>,
+    pub pool_phase: Option<PoolPhase>,
+}
+
+/// A CN as HAKeeper knows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CnStoreView {
+    pub uuid: String,
+    /// Start epoch of the service instance that last heartbeated (its service id's timestamp).
+    pub start_epoch: u64,
+    pub work_state: WorkState,
+    pub heartbeat_age: Millis,
+    pub version: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TnStoreView {
+    pub uuid: String,
+    pub start_epoch: u64,
+    pub heartbeat_age: Millis,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogReplicaView {
+    /// The log store (pod name) hosting the replica.
+    pub store: String,
+    pub up: bool,
+    pub caught_up: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogShardView {
+    pub shard_id: u64,
+    pub leader: Option<String>,
+    pub term: u64,
+    pub replicas: Vec<LogReplicaView>,
+}
+
+/// `GetClusterDetails` as far as the operator uses it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterDetails {
+    pub cns: Vec<CnStoreView>,
+    pub tns: Vec<TnStoreView>,
+    pub log_shards: Vec<LogShardView>,
+}
+
+/// The lock-table allocator's answers to today's restart handshake, per CN UUID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartAnswer {
+    /// `CanRestartService(uuid)`.
+    pub can_restart: bool,
+    /// `RemainTxnInService(uuid)`; −1 when the allocator is inconsistent.
+    pub remaining_txns: i64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocatorView {
+    /// Only UUIDs for which `SetRestartService` was called appear here.
+    pub restarting: BTreeMap<String, RestartAnswer>,
+}
+
+/// What a CN's query service reports (ShowProcessList, GetPipelineInfo, GetReplicaCount).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CnActivity {
+    pub sessions: u32,
+    pub pipelines: u32,
+    pub replicas: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemovalReason {
+    ScaleIn,
+    PoolReclaim { requested_by: String },
+}
+
+/// A CN the owner of the cluster wants gone (the pod keeps running until a policy deletes it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemovalRequest {
+    pub id: u64,
+    pub pod: String,
+    pub uid: String,
+    pub reason: RemovalReason,
+    pub requested_at: Millis,
+}
+
+/// A request on the Eviction API, reviewed synchronously as an admission webhook would.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvictionRequest {
+    pub pod: String,
+    pub uid: String,
+    /// Who asks: `kubectl-drain`, `consolidation-agent`, …
+    pub source: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpgradeSpec {
+    pub target_version: String,
+    pub strategy: Strategy,
+}
+
+/// The spec side: what the cluster's owner asked for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredState {
+    pub upgrade: Option<UpgradeSpec>,
+    pub removals: Vec<RemovalRequest>,
+}
+
+/// One consistent look at the cluster, taken at `now`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observation {
+    pub now: Millis,
+    pub pods: Vec<PodObservation>,
+    pub hakeeper: Result<ClusterDetails, ObservationError>,
+    pub lock_allocator: Result<AllocatorView, ObservationError>,
+    /// Per CN pod name.
+    pub cn_activity: BTreeMap<String, Result<CnActivity, ObservationError>>,
+    pub desired: DesiredState,
+}
+
+impl Observation {
+    pub fn pods_of(&self, component: Component) -> impl Iterator<Item = &PodObservation> {
+        self.pods.iter().filter(move |p| p.component == component)
+    }
+
+    pub fn pod(&self, name: &str) -> Option<&PodObservation> {
+        self.pods.iter().find(|p| p.name == name)
+    }
+}

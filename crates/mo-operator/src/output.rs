@@ -1,0 +1,131 @@
+//! Human-readable output.
+
+use indicatif::{ProgressBar, ProgressStyle};
+use mo_sim::Report;
+use std::fmt::Write;
+
+pub fn progress_bar(total_secs: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total_secs);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} simulated s ({elapsed})")
+            .expect("static template"),
+    );
+    bar
+}
+
+pub fn summary(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "scenario  {} (policy {}, seed {})",
+        r.scenario, r.policy, r.seed
+    );
+    let _ = writeln!(
+        s,
+        "ran       {:.0} simulated s in {:.2} s wall, {} events; completed: {}",
+        r.sim_seconds, r.wall_seconds, r.events, r.completed
+    );
+    let _ = writeln!(
+        s,
+        "txns      committed {}, failed {}, unknown {}",
+        r.txns.committed, r.txns.failed_definite, r.txns.unknown
+    );
+    for (kind, n) in &r.errors_by_kind {
+        let _ = writeln!(s, "          {n:>6} × {kind}");
+    }
+    let _ = writeln!(
+        s,
+        "TN        {} fatal exits {:?}",
+        r.tn_fatal_exits, r.tn_fatal_exit_times
+    );
+    let _ = writeln!(
+        s,
+        "proxy     {:.0} s with no route",
+        r.proxy_no_route_seconds
+    );
+    let u = &r.unsafe_actions;
+    let _ = writeln!(
+        s,
+        "unsafe    {} deletes without drain confirmation, {} phase advances on a failed gate, \
+         {} LOG restarts without quorum margin",
+        u.pod_deleted_without_drain_confirmation,
+        u.phase_advanced_on_failed_gate,
+        u.log_restart_without_quorum_margin
+    );
+    for line in &r.unsafe_action_log {
+        let _ = writeln!(s, "          {line}");
+    }
+    if let Some(up) = &r.upgrade {
+        let fmt = |t: Option<f64>| t.map_or("-".to_string(), |t| format!("{t:.0}s"));
+        let _ = writeln!(
+            s,
+            "upgrade   started {}, finished {}",
+            fmt(up.started_at),
+            fmt(up.finished_at)
+        );
+        for p in &up.phases {
+            let _ = writeln!(
+                s,
+                "          {:<6} {} → {}",
+                p.component.to_string(),
+                fmt(p.started_at),
+                fmt(p.finished_at)
+            );
+        }
+    }
+    s
+}
+
+/// A table row: its label and how to read it from a report.
+type Row = (&'static str, fn(&Report) -> String);
+
+pub fn demo_table(incidents: &[serde_json::Value]) -> anyhow::Result<String> {
+    let mut s = String::new();
+    for incident in incidents {
+        let name = incident["name"].as_str().unwrap_or("?");
+        let _ = writeln!(s, "{name}");
+        let policies: Vec<(&String, Report)> = incident
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| k.as_str() != "name")
+            .map(|(k, v)| Ok((k, serde_json::from_value(v.clone())?)))
+            .collect::<anyhow::Result<_>>()?;
+        let _ = write!(s, "  {:<34}", "");
+        for (policy, _) in &policies {
+            let _ = write!(s, "{policy:>12}");
+        }
+        let _ = writeln!(s);
+        let rows: [Row; 8] = [
+            ("transactions committed", |r| r.txns.committed.to_string()),
+            ("failed (definite)", |r| r.txns.failed_definite.to_string()),
+            ("unknown outcome", |r| r.txns.unknown.to_string()),
+            ("TN fatal exits", |r| r.tn_fatal_exits.to_string()),
+            ("proxy without route (s)", |r| {
+                format!("{:.0}", r.proxy_no_route_seconds)
+            }),
+            ("deletes w/o drain confirmation", |r| {
+                r.unsafe_actions
+                    .pod_deleted_without_drain_confirmation
+                    .to_string()
+            }),
+            ("phase advanced on failed gate", |r| {
+                r.unsafe_actions.phase_advanced_on_failed_gate.to_string()
+            }),
+            ("LOG restart w/o quorum margin", |r| {
+                r.unsafe_actions
+                    .log_restart_without_quorum_margin
+                    .to_string()
+            }),
+        ];
+        for (label, value) in rows {
+            let _ = write!(s, "  {label:<34}");
+            for (_, r) in &policies {
+                let _ = write!(s, "{:>12}", value(r));
+            }
+            let _ = writeln!(s);
+        }
+        let _ = writeln!(s);
+    }
+    Ok(s)
+}

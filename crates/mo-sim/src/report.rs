@@ -1,0 +1,73 @@
+//! The JSON summary of a run. Key names are a contract: later tools read them.
+
+use mo_core::Component;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TxnCounts {
+    pub committed: u64,
+    pub failed_definite: u64,
+    pub unknown: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct UnsafeActions {
+    pub pod_deleted_without_drain_confirmation: u64,
+    pub phase_advanced_on_failed_gate: u64,
+    pub log_restart_without_quorum_margin: u64,
+}
+
+impl UnsafeActions {
+    pub fn total(&self) -> u64 {
+        self.pod_deleted_without_drain_confirmation
+            + self.phase_advanced_on_failed_gate
+            + self.log_restart_without_quorum_margin
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PhaseReport {
+    pub component: Component,
+    pub started_at: Option<f64>,
+    pub finished_at: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct UpgradeReport {
+    pub started_at: Option<f64>,
+    pub finished_at: Option<f64>,
+    pub phases: Vec<PhaseReport>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub scenario: String,
+    pub policy: String,
+    pub seed: u64,
+    /// Every requested change (upgrade, removals) finished by the end of the run.
+    pub completed: bool,
+    pub sim_seconds: f64,
+    pub wall_seconds: f64,
+    /// Simulation events processed.
+    pub events: u64,
+    pub txns: TxnCounts,
+    pub errors_by_kind: BTreeMap<String, u64>,
+    pub tn_fatal_exits: u64,
+    /// Simulated seconds at which the TN exited fatally.
+    pub tn_fatal_exit_times: Vec<f64>,
+    pub proxy_no_route_seconds: f64,
+    pub unsafe_actions: UnsafeActions,
+    pub upgrade: Option<UpgradeReport>,
+    /// Why each unsafe action was counted (time, what, why).
+    pub unsafe_action_log: Vec<String>,
+}
+
+impl Report {
+    /// The JSON with the non-deterministic part (wall time) zeroed, for reproducibility checks.
+    pub fn deterministic_json(&self) -> String {
+        let mut copy = self.clone();
+        copy.wall_seconds = 0.0;
+        serde_json::to_string(&copy).expect("report serializes")
+    }
+}

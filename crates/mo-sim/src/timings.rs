@@ -1,0 +1,112 @@
+//! Every timing of the model, with defaults from `shared/reference/matrixone.md` (cited per field)
+//! or, where the reference is silent, from Kubernetes defaults. All are overridable per scenario.
+
+use crate::duration::Dur;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Timings {
+    // --- Kubernetes ---
+    /// Pending → Running: scheduling, image pull, container create.
+    pub pod_start: Dur,
+    /// From the API delete to the kubelet running preStop / sending SIGTERM.
+    pub kubelet_stop_delay: Dur,
+    /// `terminationGracePeriodSeconds` (Kubernetes default 30 s).
+    pub termination_grace: Dur,
+    /// CrashLoopBackOff: first delay, doubling up to the cap (Kubernetes: 10 s, 5 min).
+    pub crash_backoff_initial: Dur,
+    pub crash_backoff_max: Dur,
+    /// Pods on a failed node are deleted after this (taint-based eviction default, 5 min).
+    pub node_failure_eviction: Dur,
+
+    // --- LOG (reference: "Roles and what each needs") ---
+    /// A restarted replica replays its local log before it can vote.
+    pub log_rejoin: Dur,
+    /// After rejoining, a replica needs a leader for this long to catch up.
+    pub log_catch_up: Dur,
+    /// Election after leader loss.
+    pub log_election: Dur,
+    pub log_shutdown: Dur,
+
+    // --- HAKeeper expiry (reference: "HAKeeper") ---
+    pub cn_expiry: Dur,
+    pub tn_expiry: Dur,
+    pub heartbeat: Dur,
+
+    // --- TN (reference: "WAL append with no log leader") ---
+    pub wal_try_timeout: Dur,
+    pub wal_total_timeout: Dur,
+    pub wal_backoff_initial: Dur,
+    pub wal_backoff_max: Dur,
+    pub wal_append_latency: Dur,
+    /// TN waits at most this long for HAKeeper at start.
+    pub tn_hakeeper_wait: Dur,
+    /// TN start-up (replay) once HAKeeper is found.
+    pub tn_start: Dur,
+    pub tn_shutdown: Dur,
+
+    // --- CN and lock service (reference: "Lock service") ---
+    pub cn_start: Dur,
+    /// CN waits ≤ 5 min for HAKeeper, then ≤ 30 s for a TN, else it panics at start.
+    pub cn_hakeeper_wait: Dur,
+    pub cn_tn_wait: Dur,
+    pub bind_keepalive: Dur,
+    /// Binds of a silent owner are invalidated after this.
+    pub bind_invalidation: Dur,
+    pub lock_rpc_latency: Dur,
+    /// From SIGTERM to the lock service closing (frontend, pipelines, RPC, gossip close first).
+    pub cn_lock_close: Dur,
+    /// From SIGTERM to process exit.
+    pub cn_shutdown: Dur,
+
+    // --- Proxy (reference: "Roles", "Sessions and draining") ---
+    pub proxy_refresh: Dur,
+    pub proxy_rebalance: Dur,
+    pub proxy_start: Dur,
+    pub proxy_shutdown: Dur,
+
+    // --- Operator ---
+    pub operator_tick: Dur,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Timings {
+            pod_start: Dur::secs(5),
+            kubelet_stop_delay: Dur::ms(900),
+            termination_grace: Dur::secs(30),
+            crash_backoff_initial: Dur::secs(10),
+            crash_backoff_max: Dur::mins(5),
+            node_failure_eviction: Dur::mins(5),
+            log_rejoin: Dur::secs(30),
+            log_catch_up: Dur::secs(60),
+            log_election: Dur::secs(5),
+            log_shutdown: Dur::secs(2),
+            cn_expiry: Dur::secs(30),
+            tn_expiry: Dur::secs(10),
+            heartbeat: Dur::secs(1),
+            wal_try_timeout: Dur::mins(1),
+            wal_total_timeout: Dur::mins(3),
+            wal_backoff_initial: Dur::ms(100),
+            wal_backoff_max: Dur::secs(4),
+            wal_append_latency: Dur::ms(2),
+            tn_hakeeper_wait: Dur::mins(2),
+            tn_start: Dur::secs(5),
+            tn_shutdown: Dur::secs(1),
+            cn_start: Dur::secs(10),
+            cn_hakeeper_wait: Dur::mins(5),
+            cn_tn_wait: Dur::secs(30),
+            bind_keepalive: Dur::secs(1),
+            bind_invalidation: Dur::secs(10),
+            lock_rpc_latency: Dur::ms(1),
+            cn_lock_close: Dur::ms(50),
+            cn_shutdown: Dur::secs(1),
+            proxy_refresh: Dur::secs(2),
+            proxy_rebalance: Dur::secs(5),
+            proxy_start: Dur::secs(3),
+            proxy_shutdown: Dur::ms(500),
+            operator_tick: Dur::secs(1),
+        }
+    }
+}

@@ -1,0 +1,755 @@
+//! The MatrixOne kernel: LOG shards (Raft), HAKeeper, the TN with its WAL and lock-table
+//! allocator, the CN lock service with today's restart handshake, and the proxy.
+//! Rules and defaults follow `shared/reference/matrixone.md`.
+
+use super::*;
+
+pub(crate) fn majority(replicas: usize) -> usize {
+    replicas / 2 + 1
+}
+
+impl Shard {
+    pub(crate) fn caught_up(&self) -> usize {
+        self.replicas
+            .iter()
+            .filter(|r| r.state == ReplicaState::Joined { caught_up: true })
+            .count()
+    }
+
+    /// A shard commits only with a leader and a live, caught-up majority.
+    pub(crate) fn can_commit(&self) -> bool {
+        self.leader.is_some() && self.caught_up() >= majority(self.replicas.len())
+    }
+}
+
+impl Simulation {
+    // ----------------------------------------------------------------- LOG
+
+    pub(crate) fn hakeeper_available(&self) -> bool {
+        self.shards[0].can_commit() && self.hakeeper.outage_until.is_none()
+    }
+
+    pub(crate) fn wal_available(&self) -> bool {
+        self.shards[1].can_commit()
+    }
+
+    pub(crate) fn log_store_started(&mut self, p: PodId, epoch: u64) {
+        // LOG has no readiness probe: Ready means "container started", long before the
+        // replicas have rejoined and caught up (the gap behind incident 002).
+        self.pods[p].ready = true;
+        let store = self.pods[p].name.clone();
+        for s in 0..self.shards.len() {
+            for r in 0..self.shards[s].replicas.len() {
+                if self.shards[s].replicas[r].store == store {
+                    self.shards[s].replicas[r].state = ReplicaState::Replaying;
+                    self.shards[s].replicas[r].epoch = epoch;
+                    self.after(
+                        self.t.log_rejoin,
+                        Ev::LogJoined {
+                            shard: s,
+                            replica: r,
+                            epoch,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    pub(crate) fn log_store_stopped(&mut self, store: &str) {
+        for s in 0..self.shards.len() {
+            for r in 0..self.shards[s].replicas.len() {
+                if self.shards[s].replicas[r].store == store {
+                    self.shards[s].replicas[r].state = ReplicaState::Down;
+                    if self.shards[s].leader == Some(r) {
+                        self.shards[s].leader = None;
+                        let id = self.shards[s].id;
+                        self.log("raft", || format!("shard {id}: leader {store} lost"));
+                        self.maybe_schedule_election(s);
+                    }
+                }
+            }
+        }
+        self.on_log_change();
+    }
+
+    pub(crate) fn log_joined(&mut self, s: usize, r: usize, epoch: u64) {
+        let replica = &self.shards[s].replicas[r];
+        if replica.epoch != epoch || replica.state != ReplicaState::Replaying {
+            return;
+        }
+        let (id, store) = (self.shards[s].id, replica.store.clone());
+        self.shards[s].replicas[r].state = ReplicaState::Joined { caught_up: false };
+        self.log("raft", || {
+            format!("shard {id}: {store} rejoined, catching up")
+        });
+        if self.shards[s].leader.is_some() {
+            let term = self.shards[s].term;
+            self.after(
+                self.t.log_catch_up,
+                Ev::LogCaughtUp {
+                    shard: s,
+                    replica: r,
+                    epoch,
+                    term,
+                },
+            );
+        } else {
+            self.maybe_schedule_election(s);
+        }
+    }
+
+    /// Catching up needs the same leader for the whole catch-up time (`term` must not change).
+    pub(crate) fn log_caught_up(&mut self, s: usize, r: usize, epoch: u64, term: u64) {
+        let shard = &self.shards[s];
+        let replica = &shard.replicas[r];
+        if replica.epoch != epoch
+            || shard.term != term
+            || shard.leader.is_none()
+            || replica.state != (ReplicaState::Joined { caught_up: false })
+        {
+            return;
+        }
+        self.shards[s].replicas[r].state = ReplicaState::Joined { caught_up: true };
+        let (id, store) = (self.shards[s].id, self.shards[s].replicas[r].store.clone());
+        self.log("raft", || format!("shard {id}: {store} caught up"));
+        self.on_log_change();
+    }
+
+    fn maybe_schedule_election(&mut self, s: usize) {
+        if self.shards[s].leader.is_none() && !self.shards[s].election_scheduled {
+            self.shards[s].election_scheduled = true;
+            self.after(self.t.log_election, Ev::LogElection { shard: s });
+        }
+    }
+
+    pub(crate) fn log_election(&mut self, s: usize) {
+        self.shards[s].election_scheduled = false;
+        if self.shards[s].leader.is_some() {
+            return;
+        }
+        let shard = &self.shards[s];
+        let joined: Vec<usize> = (0..shard.replicas.len())
+            .filter(|&r| matches!(shard.replicas[r].state, ReplicaState::Joined { .. }))
+            .collect();
+        if joined.len() < majority(shard.replicas.len()) {
+            return; // a later rejoin schedules the next election
+        }
+        // The most up-to-date candidate wins.
+        let leader = joined
+            .iter()
+            .copied()
+            .find(|&r| shard.replicas[r].state == ReplicaState::Joined { caught_up: true })
+            .unwrap_or(joined[0]);
+        let shard = &mut self.shards[s];
+        shard.leader = Some(leader);
+        shard.term += 1;
+        shard.replicas[leader].state = ReplicaState::Joined { caught_up: true };
+        let term = shard.term;
+        let (id, store) = (shard.id, shard.replicas[leader].store.clone());
+        let lagging: Vec<(usize, u64)> = joined
+            .iter()
+            .copied()
+            .filter(|&r| shard.replicas[r].state == ReplicaState::Joined { caught_up: false })
+            .map(|r| (r, shard.replicas[r].epoch))
+            .collect();
+        self.log("raft", || {
+            format!("shard {id}: {store} elected leader (term {term})")
+        });
+        for (r, epoch) in lagging {
+            self.after(
+                self.t.log_catch_up,
+                Ev::LogCaughtUp {
+                    shard: s,
+                    replica: r,
+                    epoch,
+                    term,
+                },
+            );
+        }
+        self.on_log_change();
+    }
+
+    /// Reacts to any change of LOG or HAKeeper availability.
+    pub(crate) fn on_log_change(&mut self) {
+        let available = self.hakeeper_available();
+        if available != self.hakeeper.was_available {
+            self.hakeeper.was_available = available;
+            if available {
+                // A new HAKeeper leader starts its expiry clocks afresh.
+                for record in self.hakeeper.cns.values_mut() {
+                    record.last_heartbeat = self.now;
+                }
+                self.log("hakeeper", || "available".into());
+            } else {
+                self.log("hakeeper", || "unavailable".into());
+            }
+        }
+        if available && self.tn.phase == TnPhase::WaitingForHakeeper {
+            self.tn_begin_starting();
+        }
+        if available {
+            let starting: Vec<PodId> = self
+                .cns
+                .iter()
+                .filter(|(_, c)| c.phase == CnPhase::Starting)
+                .map(|(&p, _)| p)
+                .collect();
+            for p in starting {
+                self.try_finish_cn_start(p);
+            }
+        }
+        if self.wal_available() {
+            if self.tn.wal_blocked_since.take().is_some() {
+                self.tn.wal_generation += 1;
+                self.log("tn", || "WAL appends resume".into());
+            }
+            if self.tn.phase == TnPhase::Running {
+                let waiting = self.tn.wal_waiting.clone();
+                for x in waiting {
+                    self.after(self.t.wal_append_latency, Ev::WalDone(x));
+                }
+            }
+        } else if self.tn.phase == TnPhase::Running && self.tn.wal_blocked_since.is_none() {
+            // The TN appends continuously (commits, checkpoints, logtail): it blocks at once.
+            self.tn.wal_blocked_since = Some(self.now);
+            self.tn.wal_try = 0;
+            self.tn.wal_generation += 1;
+            let deadline = self.now
+                + self
+                    .t
+                    .wal_try_timeout
+                    .millis()
+                    .min(self.wal_total_timeout());
+            let (epoch, generation) = (self.tn.epoch, self.tn.wal_generation);
+            self.schedule(deadline, Ev::TnWalDeadline { epoch, generation });
+            self.log("tn", || {
+                "WAL append blocked: log shard has no writable quorum".into()
+            });
+        }
+    }
+
+    // ---------------------------------------------------------- HAKeeper
+
+    pub(crate) fn heartbeat_tick(&mut self) {
+        if !self.hakeeper_available() {
+            // During a reachability outage the HAKeeper leader still runs its expiry clock.
+            if self.hakeeper.outage_until.is_some() && self.shards[0].can_commit() {
+                self.expire_stores();
+            }
+            return;
+        }
+        if self.tn.phase == TnPhase::Running {
+            self.hakeeper.tn_last_heartbeat = Some((self.tn.epoch, self.now));
+        }
+        let beating: Vec<(PodId, String, u64)> = self
+            .cns
+            .iter()
+            .filter(|(_, c)| c.phase == CnPhase::Running && c.heartbeats)
+            .map(|(&p, c)| (p, c.uuid.clone(), c.epoch))
+            .collect();
+        for (p, uuid, epoch) in beating {
+            self.cn_heartbeat(p, &uuid, epoch);
+        }
+        self.expire_stores();
+        self.update_route_state();
+    }
+
+    fn cn_heartbeat(&mut self, p: PodId, uuid: &str, epoch: u64) {
+        let version = self.pods[p].version.clone();
+        match self.hakeeper.cns.get_mut(uuid) {
+            Some(record) => {
+                record.last_heartbeat = self.now;
+                record.pod = p;
+                record.epoch = epoch;
+                record.version = version;
+            }
+            None => {
+                // A new or expired CN (re)registers with its initial work state: a Draining
+                // mark set before the expiry is lost.
+                self.hakeeper.cns.insert(
+                    uuid.to_string(),
+                    CnRecord {
+                        pod: p,
+                        epoch,
+                        work_state: WorkState::Working,
+                        last_heartbeat: self.now,
+                        version,
+                    },
+                );
+                let name = self.pods[p].name.clone();
+                self.log("hakeeper", || format!("CN {name} registered (Working)"));
+            }
+        }
+    }
+
+    fn expire_stores(&mut self) {
+        let expiry = self.t.cn_expiry.millis();
+        let now = self.now;
+        let expired: Vec<String> = self
+            .hakeeper
+            .cns
+            .iter()
+            .filter(|(_, r)| now - r.last_heartbeat > expiry)
+            .map(|(u, _)| u.clone())
+            .collect();
+        for uuid in expired {
+            self.hakeeper.cns.remove(&uuid);
+            self.log("hakeeper", || format!("CN {uuid} expired: record deleted"));
+        }
+    }
+
+    // ---------------------------------------------------------------- TN
+
+    pub(crate) fn wal_total_timeout(&self) -> Millis {
+        self.t.wal_total_timeout.millis()
+    }
+
+    pub(crate) fn tn_process_started(&mut self, p: PodId, epoch: u64) {
+        self.tn.pod = p;
+        self.tn.epoch = epoch;
+        self.tn.phase = TnPhase::WaitingForHakeeper;
+        // The allocator lives in memory: a restart starts a new allocator epoch.
+        self.tn.allocator = Allocator::default();
+        self.tn.wal_waiting.clear();
+        self.tn.wal_blocked_since = None;
+        self.tn.wal_generation += 1;
+        if self.hakeeper_available() {
+            self.tn_begin_starting();
+        } else {
+            self.after(self.t.tn_hakeeper_wait, Ev::TnHakeeperDeadline(epoch));
+        }
+    }
+
+    fn tn_begin_starting(&mut self) {
+        self.tn.phase = TnPhase::Starting;
+        self.after(self.t.tn_start, Ev::TnStarted(self.tn.epoch));
+    }
+
+    pub(crate) fn tn_started(&mut self, epoch: u64) {
+        if self.tn.epoch != epoch || self.tn.phase != TnPhase::Starting {
+            return;
+        }
+        self.tn.phase = TnPhase::Running;
+        let p = self.tn.pod;
+        self.pods[p].ready = true;
+        self.log("tn", || "running".into());
+        self.on_log_change();
+        let starting: Vec<PodId> = self
+            .cns
+            .iter()
+            .filter(|(_, c)| c.phase == CnPhase::Starting)
+            .map(|(&p, _)| p)
+            .collect();
+        for p in starting {
+            self.try_finish_cn_start(p);
+        }
+    }
+
+    pub(crate) fn tn_hakeeper_deadline(&mut self, epoch: u64) {
+        if self.tn.epoch == epoch && self.tn.phase == TnPhase::WaitingForHakeeper {
+            self.tn_fatal("cannot connect to HAKeeper: context deadline exceeded");
+        }
+    }
+
+    /// Each try lasts `wal_try_timeout`, tries are separated by a doubling backoff, and the
+    /// TN gives up when `wal_total_timeout` has passed since the first blocked append.
+    pub(crate) fn tn_wal_deadline(&mut self, epoch: u64, generation: u64) {
+        if self.tn.epoch != epoch || self.tn.wal_generation != generation {
+            return;
+        }
+        let Some(since) = self.tn.wal_blocked_since else {
+            return;
+        };
+        let total = self.wal_total_timeout();
+        if self.now - since >= total {
+            self.tn_fatal("FATAL: Wal-Cannot-Append: context deadline exceeded");
+            return;
+        }
+        self.tn.wal_try += 1;
+        let initial = self.t.wal_backoff_initial.millis().0;
+        let backoff = Millis(
+            initial
+                .saturating_mul(1 << (self.tn.wal_try - 1).min(20))
+                .min(self.t.wal_backoff_max.millis().0),
+        );
+        let next_try = self.now + backoff;
+        let deadline = (next_try + self.t.wal_try_timeout.millis()).min(since + total);
+        self.schedule(deadline, Ev::TnWalDeadline { epoch, generation });
+    }
+
+    fn tn_fatal(&mut self, reason: &str) {
+        self.tn_fatal_exit_times.push(self.now);
+        let n = self.tn_fatal_exit_times.len();
+        self.log("tn", || format!("fatal exit #{n}: {reason}"));
+        let p = self.tn.pod;
+        self.crash_process(p, Cause::Involuntary, true);
+    }
+
+    /// The TN stops serving: commits in flight end unknown (the client cannot tell).
+    pub(crate) fn tn_stop(&mut self, error: &str) {
+        self.tn.phase = TnPhase::Down;
+        self.tn.wal_blocked_since = None;
+        self.tn.wal_generation += 1;
+        let waiting = std::mem::take(&mut self.tn.wal_waiting);
+        for x in waiting {
+            self.resolve_txn_aborted(x, Some(error));
+        }
+    }
+
+    // ---------------------------------------------------------------- CN
+
+    pub(crate) fn cn_process_started(&mut self, p: PodId, epoch: u64) {
+        let heartbeats = !self.fault_cn_never_heartbeats;
+        let uuid = cn_uuid(&self.pods[p].name);
+        let cn = self.cns.entry(p).or_insert_with(|| Cn {
+            uuid,
+            phase: CnPhase::Down,
+            epoch,
+            lock_open: false,
+            heartbeats,
+            restart_mode: RestartMode::None,
+            holders: BTreeSet::new(),
+            sessions: BTreeSet::new(),
+            confirmed_epoch: None,
+            stop_cause: Cause::Voluntary,
+        });
+        cn.phase = CnPhase::Starting;
+        cn.epoch = epoch;
+        cn.lock_open = false;
+        cn.heartbeats = heartbeats;
+        cn.restart_mode = RestartMode::None;
+        cn.holders.clear();
+        cn.sessions.clear();
+        self.after(self.t.cn_start, Ev::CnStarted(p, epoch));
+        let limit = self.t.cn_hakeeper_wait.millis() + self.t.cn_tn_wait.millis();
+        self.schedule(self.now + limit, Ev::CnStartDeadline(p, epoch));
+    }
+
+    pub(crate) fn cn_started(&mut self, p: PodId, epoch: u64) {
+        if self.cns.get(&p).is_some_and(|c| c.epoch == epoch) {
+            self.try_finish_cn_start(p);
+        }
+    }
+
+    pub(crate) fn try_finish_cn_start(&mut self, p: PodId) {
+        let Some(cn) = self.cns.get(&p) else {
+            return;
+        };
+        let booted = self.now - self.pods[p].last_start >= self.t.cn_start.millis();
+        if cn.phase != CnPhase::Starting
+            || !booted
+            || !self.hakeeper_available()
+            || self.tn.phase != TnPhase::Running
+        {
+            return;
+        }
+        let epoch = cn.epoch;
+        let uuid = cn.uuid.clone();
+        let cn = self.cns.get_mut(&p).expect("checked above");
+        cn.phase = CnPhase::Running;
+        cn.lock_open = true;
+        self.pods[p].ready = true;
+        // Same UUID, new instance: it takes its old binds over with version + 1.
+        let me = Instance { pod: p, epoch };
+        let mut taken = 0;
+        for bind in self.tn.allocator.binds.values_mut() {
+            if bind.uuid == uuid && bind.owner != me {
+                bind.owner = me;
+                self.bind_version_bump += 1;
+                bind.version = self.bind_version_bump;
+                taken += 1;
+            }
+        }
+        let name = self.pods[p].name.clone();
+        self.log("cn", || format!("{name} running (took over {taken} binds)"));
+        if self.hakeeper_available() && self.cns[&p].heartbeats {
+            self.cn_heartbeat(p, &uuid, epoch);
+        }
+        self.update_route_state();
+    }
+
+    pub(crate) fn cn_start_deadline(&mut self, p: PodId, epoch: u64) {
+        if self
+            .cns
+            .get(&p)
+            .is_some_and(|c| c.epoch == epoch && c.phase == CnPhase::Starting)
+        {
+            let name = self.pods[p].name.clone();
+            self.log("cn", || {
+                format!("{name}: panic: cannot find HAKeeper/TN at start")
+            });
+            self.crash_process(p, Cause::Involuntary, true);
+        }
+    }
+
+    /// SIGTERM (or a crash): heartbeats stop, the frontend closes (sessions end), then the
+    /// lock service closes — without telling the allocator.
+    pub(crate) fn cn_begin_shutdown(&mut self, p: PodId, cause: Cause) {
+        let Some(cn) = self.cns.get_mut(&p) else {
+            return;
+        };
+        if matches!(cn.phase, CnPhase::Down | CnPhase::Stopping) && !cn.lock_open {
+            return;
+        }
+        cn.phase = CnPhase::Stopping;
+        cn.stop_cause = cause;
+        let sessions: Vec<ClientId> = std::mem::take(&mut cn.sessions).into_iter().collect();
+        for c in sessions {
+            self.session_broken(c, "connection closed by CN", cause);
+        }
+        self.update_route_state();
+    }
+
+    pub(crate) fn cn_lock_close(&mut self, p: PodId, epoch: u64) {
+        let Some(cn) = self.cns.get_mut(&p) else {
+            return;
+        };
+        if cn.epoch != epoch || !cn.lock_open {
+            return;
+        }
+        cn.lock_open = false;
+        let name = self.pods[p].name.clone();
+        self.log("cn", || format!("{name}: lock service closed"));
+        self.after(self.t.bind_invalidation, Ev::BindInvalidate(p, epoch));
+    }
+
+    pub(crate) fn cn_process_exited(&mut self, p: PodId) {
+        let epoch = self.pods[p].epoch;
+        let Some(cn) = self.cns.get_mut(&p) else {
+            return;
+        };
+        cn.phase = CnPhase::Down;
+        let was_open = std::mem::replace(&mut cn.lock_open, false);
+        let sessions: Vec<ClientId> = std::mem::take(&mut cn.sessions).into_iter().collect();
+        let cause = cn.stop_cause;
+        for c in sessions {
+            self.session_broken(c, "connection closed by CN", cause);
+        }
+        if was_open {
+            self.after(self.t.bind_invalidation, Ev::BindInvalidate(p, epoch));
+        }
+    }
+
+    /// The allocator invalidates the binds of a service that went silent.
+    pub(crate) fn bind_invalidate(&mut self, p: PodId, epoch: u64) {
+        if self.tn.phase != TnPhase::Running {
+            return;
+        }
+        let owner = Instance { pod: p, epoch };
+        let before = self.tn.allocator.binds.len();
+        self.tn.allocator.binds.retain(|_, b| b.owner != owner);
+        let moved = before - self.tn.allocator.binds.len();
+        if moved > 0 {
+            let name = self.pods[p].name.clone();
+            self.log("allocator", || {
+                format!("binds of silent {name} invalidated ({moved} tables)")
+            });
+        }
+    }
+
+    /// `SetRestartService(uuid)`: names a UUID, so whichever instance holds it is affected.
+    pub(crate) fn set_restart_service(&mut self, uuid: &str) -> Result<(), mo_core::ActionError> {
+        if self.tn.phase != TnPhase::Running {
+            return Err(mo_core::ActionError::Unavailable(
+                "lock allocator (TN) unavailable".into(),
+            ));
+        }
+        self.tn
+            .allocator
+            .restart_marks
+            .entry(uuid.to_string())
+            .or_default();
+        let target: Vec<(PodId, u64)> = self
+            .cns
+            .iter()
+            .filter(|(_, c)| c.uuid == uuid && c.lock_open)
+            .map(|(&p, c)| (p, c.epoch))
+            .collect();
+        for (p, epoch) in target {
+            self.after(self.t.bind_keepalive, Ev::CnKeepalive(p, epoch));
+        }
+        Ok(())
+    }
+
+    /// The CN's bind keepalive: it learns it is to restart, stops granting new locks and hands
+    /// its tables over once no active transaction remains.
+    pub(crate) fn cn_keepalive(&mut self, p: PodId, epoch: u64) {
+        if self.tn.phase != TnPhase::Running {
+            self.after(self.t.bind_keepalive, Ev::CnKeepalive(p, epoch));
+            return;
+        }
+        let Some(cn) = self.cns.get_mut(&p) else {
+            return;
+        };
+        if cn.epoch != epoch || !cn.lock_open {
+            return;
+        }
+        if !self.tn.allocator.restart_marks.contains_key(&cn.uuid) {
+            return;
+        }
+        if cn.restart_mode == RestartMode::None {
+            cn.restart_mode = RestartMode::Waiting;
+            let name = self.pods[p].name.clone();
+            self.log("cn", || {
+                format!("{name}: restart requested, refusing new locks")
+            });
+        }
+        self.check_unlock(p);
+        if self.cns[&p].restart_mode == RestartMode::Waiting {
+            self.after(self.t.bind_keepalive, Ev::CnKeepalive(p, epoch));
+        }
+    }
+
+    pub(crate) fn check_unlock(&mut self, p: PodId) {
+        let Some(cn) = self.cns.get_mut(&p) else {
+            return;
+        };
+        if cn.restart_mode != RestartMode::Waiting || !cn.holders.is_empty() {
+            return;
+        }
+        cn.restart_mode = RestartMode::UnlockSuccess;
+        cn.confirmed_epoch = Some(cn.epoch);
+        let owner = Instance {
+            pod: p,
+            epoch: cn.epoch,
+        };
+        let uuid = cn.uuid.clone();
+        self.tn.allocator.binds.retain(|_, b| b.owner != owner);
+        if let Some(mark) = self.tn.allocator.restart_marks.get_mut(&uuid) {
+            mark.unlock_success = true;
+        }
+        let name = self.pods[p].name.clone();
+        self.log("cn", || {
+            format!("{name}: unlock success, tables handed over")
+        });
+    }
+
+    // ------------------------------------------------------------- Proxy
+
+    pub(crate) fn proxy_process_started(&mut self, p: PodId, epoch: u64) {
+        let proxy = self.proxies.entry(p).or_insert_with(|| Proxy {
+            running: false,
+            epoch,
+            cache: Vec::new(),
+        });
+        proxy.running = false;
+        proxy.epoch = epoch;
+        self.after(self.t.proxy_start, Ev::ProxyStarted(p, epoch));
+    }
+
+    pub(crate) fn proxy_started(&mut self, p: PodId, epoch: u64) {
+        if self.proxies.get(&p).is_some_and(|x| x.epoch == epoch) && self.pods[p].process_alive {
+            self.proxies.get_mut(&p).expect("checked").running = true;
+            self.pods[p].ready = true;
+            self.refresh_proxies();
+        }
+    }
+
+    /// Stops accepting; closes idle client connections now and the others after their
+    /// transaction (a proxy cannot hand a client connection to another proxy).
+    pub(crate) fn proxy_begin_shutdown(&mut self, p: PodId) {
+        if let Some(proxy) = self.proxies.get_mut(&p) {
+            proxy.running = false;
+        }
+        for c in 0..self.clients.len() {
+            if self.clients[c].proxy == Some(p) && self.clients[c].txn.is_none() {
+                self.drop_session(c);
+            }
+        }
+        self.update_route_state();
+    }
+
+    pub(crate) fn proxy_process_exited(&mut self, p: PodId) {
+        if let Some(proxy) = self.proxies.get_mut(&p) {
+            proxy.running = false;
+        }
+        let cause = self.pods[p]
+            .deletion
+            .as_ref()
+            .map_or(Cause::Involuntary, |d| d.cause);
+        for c in 0..self.clients.len() {
+            if self.clients[c].proxy == Some(p) {
+                self.session_broken(c, "connection closed by proxy", cause);
+            }
+        }
+    }
+
+    pub(crate) fn refresh_proxies(&mut self) {
+        if self.hakeeper_available() {
+            let cache: Vec<(String, WorkState)> = self
+                .hakeeper
+                .cns
+                .iter()
+                .map(|(u, r)| (u.clone(), r.work_state))
+                .collect();
+            for proxy in self.proxies.values_mut().filter(|x| x.running) {
+                proxy.cache = cache.clone();
+            }
+        }
+        self.update_route_state();
+    }
+
+    /// CN pod that serves `uuid` for the workload right now, if any.
+    pub(crate) fn routable_cn(&self, uuid: &str, state: WorkState) -> Option<PodId> {
+        if !matches!(state, WorkState::Working | WorkState::Unknown) {
+            return None;
+        }
+        let record = self.hakeeper.cns.get(uuid)?;
+        let p = record.pod;
+        let cn = self.cns.get(&p)?;
+        let pod = &self.pods[p];
+        let serves_workload = matches!(pod.pool_phase, None | Some(PoolPhase::Bound));
+        (cn.uuid == uuid
+            && cn.phase == CnPhase::Running
+            && pod.status == PodStatus::Running
+            && pod.deletion.is_none()
+            && serves_workload)
+            .then_some(p)
+    }
+
+    pub(crate) fn update_route_state(&mut self) {
+        self.route_ok = self.proxies.values().any(|proxy| {
+            proxy.running
+                && proxy
+                    .cache
+                    .iter()
+                    .any(|(u, s)| self.routable_cn(u, *s).is_some())
+        });
+    }
+
+    pub(crate) fn any_proxy_can_route(&self) -> bool {
+        self.route_ok
+    }
+
+    /// Every 5 s the proxy moves sessions off Draining (or no longer routable) CNs, only
+    /// between transactions.
+    pub(crate) fn rebalance_sessions(&mut self) {
+        for c in 0..self.clients.len() {
+            let client = &self.clients[c];
+            let (Some(session), None, Some(proxy_pod)) = (client.session, client.txn, client.proxy)
+            else {
+                continue;
+            };
+            let Some(proxy) = self.proxies.get(&proxy_pod) else {
+                continue;
+            };
+            let uuid = self.cns.get(&session.pod).map(|cn| cn.uuid.clone());
+            let still_routable = uuid.is_some_and(|u| {
+                proxy
+                    .cache
+                    .iter()
+                    .any(|(cu, s)| *cu == u && self.routable_cn(cu, *s) == Some(session.pod))
+            });
+            if still_routable {
+                continue;
+            }
+            if let Some(target) = self.pick_cn(proxy_pod)
+                && target != session.pod
+            {
+                self.drop_session(c);
+                self.attach_session(c, proxy_pod, target);
+            }
+        }
+    }
+}

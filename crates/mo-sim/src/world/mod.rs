@@ -1,0 +1,995 @@
+//! The simulated world: Kubernetes objects, MatrixOne processes, clients and the event queue.
+//!
+//! Everything is kept in ordered containers (`Vec`, `BTreeMap`) so iteration order, and with it
+//! the whole run, depends on nothing but the scenario and the seed.
+
+mod k8s;
+mod kernel;
+mod observer;
+mod workload;
+
+use crate::duration::Dur;
+use crate::policy::make_policy;
+use crate::report::{PhaseReport, Report, TxnCounts, UnsafeActions, UpgradeReport};
+use crate::scenario::{ConsolidationMethod, EventKind, Scenario};
+use crate::timings::Timings;
+use mo_core::{
+    ActionResult, Component, Millis, Policy, PoolPhase, RemovalRequest, UpgradeSpec, WorkState,
+};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+pub(crate) type PodId = usize;
+pub(crate) type ClientId = usize;
+pub(crate) type TxnId = u64;
+
+/// One incarnation of a process: the pod and the start epoch of its container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Instance {
+    pub pod: PodId,
+    pub epoch: u64,
+}
+
+/// Why a process stopped: voluntary disruptions must never cost a transaction; involuntary
+/// ones (injected faults) are accounted separately.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Cause {
+    Voluntary,
+    Involuntary,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PodStatus {
+    Pending,
+    Running,
+    Gone,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Deletion {
+    pub cause: Cause,
+    /// The workload controller creates the pod again (same name, new UID).
+    pub recreate: bool,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Pod {
+    pub name: String,
+    pub uid: String,
+    pub component: Component,
+    pub node: usize,
+    pub version: String,
+    pub status: PodStatus,
+    pub ready: bool,
+    /// The container's process is running (possibly shutting down).
+    pub process_alive: bool,
+    pub epoch: u64,
+    pub sigterm_sent: bool,
+    pub deletion: Option<Deletion>,
+    pub restarts: u32,
+    pub backoff: Millis,
+    pub last_start: Millis,
+    pub cn_group: Option<usize>,
+    pub pool_phase: Option<PoolPhase>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Node {
+    pub name: String,
+    pub alive: bool,
+    pub cordoned: bool,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct CnGroup {
+    pub name: String,
+}
+
+/// Events of the discrete-event loop. Stale events carry the epoch they were scheduled for
+/// and are ignored when it no longer matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Ev {
+    Scenario(usize),
+    OperatorTick,
+    HeartbeatTick,
+    ProxyRefresh,
+    ProxyRebalance,
+    ConsolidationTick,
+    EvictionRetry(usize),
+    HakeeperOutageEnd,
+    PodStart(PodId),
+    PodSigterm(PodId),
+    PodKill(PodId, u64),
+    ProcessExit(PodId, u64),
+    ContainerRestart(PodId),
+    NodeEvictPods(usize),
+    LogJoined {
+        shard: usize,
+        replica: usize,
+        epoch: u64,
+    },
+    LogCaughtUp {
+        shard: usize,
+        replica: usize,
+        epoch: u64,
+        term: u64,
+    },
+    LogElection {
+        shard: usize,
+    },
+    TnStarted(u64),
+    TnHakeeperDeadline(u64),
+    TnWalDeadline {
+        epoch: u64,
+        generation: u64,
+    },
+    CnStarted(PodId, u64),
+    CnStartDeadline(PodId, u64),
+    CnLockClose(PodId, u64),
+    CnKeepalive(PodId, u64),
+    BindInvalidate(PodId, u64),
+    ProxyStarted(PodId, u64),
+    ClientNext(ClientId),
+    StmtDone(ClientId, TxnId),
+    CommitAtTn(ClientId, TxnId),
+    WalDone(TxnId),
+    CommitTimeout(ClientId, TxnId),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReplicaState {
+    Down,
+    Replaying,
+    Joined { caught_up: bool },
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Replica {
+    pub store: String,
+    pub state: ReplicaState,
+    /// Epoch of the store process that hosts this replica incarnation.
+    pub epoch: u64,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Shard {
+    pub id: u64,
+    pub replicas: Vec<Replica>,
+    pub leader: Option<usize>,
+    pub term: u64,
+    pub election_scheduled: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TnPhase {
+    Down,
+    WaitingForHakeeper,
+    Starting,
+    Running,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Bind {
+    pub owner: Instance,
+    pub uuid: String,
+    pub version: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Allocator {
+    pub binds: BTreeMap<String, Bind>,
+    /// Today's handshake, keyed by UUID (not by instance: the hazard the reports describe).
+    pub restart_marks: BTreeMap<String, RestartMark>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RestartMark {
+    pub unlock_success: bool,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Tn {
+    pub pod: PodId,
+    pub phase: TnPhase,
+    pub epoch: u64,
+    pub allocator: Allocator,
+    pub wal_waiting: Vec<TxnId>,
+    pub wal_blocked_since: Option<Millis>,
+    pub wal_generation: u64,
+    pub wal_try: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CnPhase {
+    Down,
+    Starting,
+    Running,
+    Stopping,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RestartMode {
+    None,
+    /// Refuses new locks except to transactions already active here.
+    Waiting,
+    /// Tables handed over, no transaction left.
+    UnlockSuccess,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Cn {
+    pub uuid: String,
+    pub phase: CnPhase,
+    pub epoch: u64,
+    pub lock_open: bool,
+    pub heartbeats: bool,
+    pub restart_mode: RestartMode,
+    /// Transactions holding locks on tables this CN owns (local or remote holders).
+    pub holders: BTreeSet<TxnId>,
+    pub sessions: BTreeSet<ClientId>,
+    /// The epoch whose handshake reached "unlock success" (confirmation for that instance).
+    pub confirmed_epoch: Option<u64>,
+    pub stop_cause: Cause,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct CnRecord {
+    pub pod: PodId,
+    pub epoch: u64,
+    pub work_state: WorkState,
+    pub last_heartbeat: Millis,
+    pub version: String,
+}
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct HaKeeper {
+    pub cns: BTreeMap<String, CnRecord>,
+    pub tn_last_heartbeat: Option<(u64, Millis)>,
+    pub outage_until: Option<Millis>,
+    pub was_available: bool,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Proxy {
+    pub running: bool,
+    pub epoch: u64,
+    /// CN UUIDs and work states as of the last refresh.
+    pub cache: Vec<(String, WorkState)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TxnStage {
+    Statements,
+    Committing,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct HeldLock {
+    pub table: usize,
+    pub owner: Instance,
+    pub version: u64,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Txn {
+    pub client: ClientId,
+    pub cn: Instance,
+    pub tables: Vec<usize>,
+    pub next_stmt: usize,
+    pub stage: TxnStage,
+    pub locks: Vec<HeldLock>,
+    pub lock_wait_deadline: Option<Millis>,
+    /// Whether the client has been told an outcome.
+    pub reported: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Client {
+    pub session: Option<Instance>,
+    pub proxy: Option<PodId>,
+    pub txn: Option<TxnId>,
+    pub wakeup_pending: bool,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct PendingEviction {
+    pub pod: String,
+    pub source: String,
+    pub retry: Millis,
+    pub done: bool,
+}
+
+/// Observer state used to count unsafe actions and record the upgrade's phases.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct UpgradeTracker {
+    pub requested_at: Option<Millis>,
+    pub finished_at: Option<Millis>,
+    pub phases: Vec<(Component, Option<Millis>, Option<Millis>)>,
+}
+
+pub struct RunOptions {
+    /// Keep the human-readable event log (costs time and memory on long runs).
+    pub record_events: bool,
+}
+
+pub struct Simulation {
+    pub(crate) scenario: Scenario,
+    pub(crate) t: Timings,
+    pub(crate) now: Millis,
+    pub(crate) seq: u64,
+    pub(crate) queue: BinaryHeap<Reverse<(Millis, u64, Ev)>>,
+    pub(crate) rng: ChaCha8Rng,
+    pub(crate) policy: Box<dyn Policy>,
+    pub(crate) last_results: Vec<ActionResult>,
+    pub(crate) record_events: bool,
+    pub(crate) event_log: Vec<String>,
+    pub(crate) events_processed: u64,
+    pub(crate) epoch_counter: u64,
+    pub(crate) uid_counter: u64,
+
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) pods: Vec<Pod>,
+    pub(crate) pod_by_name: BTreeMap<String, PodId>,
+    pub(crate) template_version: BTreeMap<String, String>,
+    pub(crate) groups: Vec<CnGroup>,
+    pub(crate) removals: Vec<RemovalRequest>,
+    pub(crate) removal_counter: u64,
+    pub(crate) evictions: Vec<PendingEviction>,
+    pub(crate) pdbs: BTreeMap<Component, usize>,
+    pub(crate) consolidation_target: Option<usize>,
+
+    pub(crate) shards: Vec<Shard>,
+    pub(crate) hakeeper: HaKeeper,
+    pub(crate) tn: Tn,
+    pub(crate) cns: BTreeMap<PodId, Cn>,
+    pub(crate) proxies: BTreeMap<PodId, Proxy>,
+    pub(crate) fault_cn_never_heartbeats: bool,
+    pub(crate) upgrade: Option<UpgradeSpec>,
+
+    pub(crate) tables: Vec<String>,
+    pub(crate) clients: Vec<Client>,
+    pub(crate) txns: BTreeMap<TxnId, Txn>,
+    pub(crate) txn_counter: TxnId,
+    pub(crate) bind_version_bump: u64,
+    pub(crate) route_ok: bool,
+
+    // Measurements.
+    pub(crate) counts: TxnCounts,
+    pub(crate) errors_by_kind: BTreeMap<String, u64>,
+    pub(crate) tn_fatal_exit_times: Vec<Millis>,
+    pub(crate) no_route: Millis,
+    pub(crate) truth_committed: u64,
+    pub(crate) failures_voluntary: u64,
+    pub(crate) failures_involuntary: u64,
+    pub(crate) unsafe_actions: UnsafeActions,
+    pub(crate) unsafe_log: Vec<String>,
+    pub(crate) tracker: UpgradeTracker,
+}
+
+impl Simulation {
+    /// Builds the world of `scenario` with its policy; the scenario's seed drives every choice.
+    pub fn new(scenario: Scenario, options: RunOptions) -> Simulation {
+        let policy = make_policy(&scenario.policy, &scenario)
+            .expect("scenario validation accepts only known policies");
+        Simulation::with_policy(scenario, policy, options)
+    }
+
+    pub fn with_policy(scenario: Scenario, policy: Box<dyn Policy>, options: RunOptions) -> Self {
+        let t = scenario.timings.clone();
+        let nodes = scenario
+            .node_names()
+            .into_iter()
+            .map(|name| Node {
+                name,
+                alive: true,
+                cordoned: false,
+            })
+            .collect();
+        let groups = scenario
+            .topology
+            .cn_groups
+            .iter()
+            .map(|g| CnGroup {
+                name: g.name.clone(),
+            })
+            .collect();
+        let mut sim = Simulation {
+            rng: ChaCha8Rng::seed_from_u64(scenario.seed),
+            t,
+            now: Millis::ZERO,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            policy,
+            last_results: Vec::new(),
+            record_events: options.record_events,
+            event_log: Vec::new(),
+            events_processed: 0,
+            epoch_counter: 0,
+            uid_counter: 0,
+            nodes,
+            pods: Vec::new(),
+            pod_by_name: BTreeMap::new(),
+            template_version: BTreeMap::new(),
+            groups,
+            removals: Vec::new(),
+            removal_counter: 0,
+            evictions: Vec::new(),
+            pdbs: scenario
+                .pdbs
+                .iter()
+                .map(|p| (p.component, p.max_unavailable))
+                .collect(),
+            consolidation_target: None,
+            shards: Vec::new(),
+            hakeeper: HaKeeper::default(),
+            tn: Tn {
+                pod: 0,
+                phase: TnPhase::Down,
+                epoch: 0,
+                allocator: Allocator::default(),
+                wal_waiting: Vec::new(),
+                wal_blocked_since: None,
+                wal_generation: 0,
+                wal_try: 0,
+            },
+            cns: BTreeMap::new(),
+            proxies: BTreeMap::new(),
+            fault_cn_never_heartbeats: false,
+            upgrade: None,
+            tables: scenario.workload.tables.clone(),
+            clients: vec![Client::default(); scenario.workload.clients],
+            txns: BTreeMap::new(),
+            txn_counter: 0,
+            bind_version_bump: 1,
+            route_ok: false,
+            counts: TxnCounts::default(),
+            errors_by_kind: BTreeMap::new(),
+            tn_fatal_exit_times: Vec::new(),
+            no_route: Millis::ZERO,
+            truth_committed: 0,
+            failures_voluntary: 0,
+            failures_involuntary: 0,
+            unsafe_actions: UnsafeActions::default(),
+            unsafe_log: Vec::new(),
+            tracker: UpgradeTracker::default(),
+            scenario,
+        };
+        sim.bootstrap();
+        sim
+    }
+
+    /// The cluster starts healthy: every pod Running and Ready, LOG shards led, CNs registered.
+    fn bootstrap(&mut self) {
+        let version = self.scenario.topology.version.clone();
+        let names = self.scenario.pod_names();
+        let log_count = self.scenario.topology.log_replicas;
+        let mut group_of: BTreeMap<String, usize> = BTreeMap::new();
+        let mut pool_bound: BTreeMap<String, bool> = BTreeMap::new();
+        for (gi, g) in self.scenario.topology.cn_groups.iter().enumerate() {
+            for (i, name) in g.pod_name_list().into_iter().enumerate() {
+                group_of.insert(name.clone(), gi);
+                if g.pool {
+                    pool_bound.insert(name, i < g.bound);
+                }
+            }
+        }
+        for (i, name) in names.iter().enumerate() {
+            let component = if name.starts_with("log-") && i < log_count {
+                Component::Log
+            } else if name.starts_with("tn-") {
+                Component::Tn
+            } else if name.starts_with("proxy-") {
+                Component::Proxy
+            } else {
+                Component::Cn
+            };
+            self.template_version.insert(name.clone(), version.clone());
+            let node = i % self.nodes.len();
+            let id = self.create_pod(name, component, node);
+            let pod = &mut self.pods[id];
+            pod.cn_group = group_of.get(name).copied();
+            pod.pool_phase = pool_bound.get(name).map(|bound| {
+                if *bound {
+                    PoolPhase::Bound
+                } else {
+                    PoolPhase::Idle
+                }
+            });
+        }
+        // LOG shards: shard 0 is HAKeeper, shard 1 the TN's WAL; every store hosts both.
+        for id in 0..2u64 {
+            let replicas = (0..log_count)
+                .map(|i| Replica {
+                    store: format!("log-{i}"),
+                    state: ReplicaState::Down,
+                    epoch: 0,
+                })
+                .collect();
+            self.shards.push(Shard {
+                id,
+                replicas,
+                leader: None,
+                term: 0,
+                election_scheduled: false,
+            });
+        }
+        // Start every process as if it had been running for a long time.
+        for id in 0..self.pods.len() {
+            let pod = &mut self.pods[id];
+            pod.status = PodStatus::Running;
+            pod.process_alive = true;
+            pod.ready = true;
+            self.epoch_counter += 1;
+            pod.epoch = self.epoch_counter;
+        }
+        for shard in &mut self.shards {
+            for r in &mut shard.replicas {
+                let pod = self.pod_by_name[&r.store];
+                r.state = ReplicaState::Joined { caught_up: true };
+                r.epoch = self.pods[pod].epoch;
+            }
+            shard.leader = Some(0);
+            shard.term = 1;
+        }
+        self.hakeeper.was_available = true;
+        for id in 0..self.pods.len() {
+            let (component, epoch, name) = {
+                let p = &self.pods[id];
+                (p.component, p.epoch, p.name.clone())
+            };
+            match component {
+                Component::Tn => {
+                    self.tn.pod = id;
+                    self.tn.phase = TnPhase::Running;
+                    self.tn.epoch = epoch;
+                    self.hakeeper.tn_last_heartbeat = Some((epoch, Millis::ZERO));
+                }
+                Component::Cn => {
+                    let uuid = cn_uuid(&name);
+                    self.cns.insert(
+                        id,
+                        Cn {
+                            uuid: uuid.clone(),
+                            phase: CnPhase::Running,
+                            epoch,
+                            lock_open: true,
+                            heartbeats: true,
+                            restart_mode: RestartMode::None,
+                            holders: BTreeSet::new(),
+                            sessions: BTreeSet::new(),
+                            confirmed_epoch: None,
+                            stop_cause: Cause::Voluntary,
+                        },
+                    );
+                    self.hakeeper.cns.insert(
+                        uuid,
+                        CnRecord {
+                            pod: id,
+                            epoch,
+                            work_state: WorkState::Working,
+                            last_heartbeat: Millis::ZERO,
+                            version: version.clone(),
+                        },
+                    );
+                }
+                Component::Proxy => {
+                    self.proxies.insert(
+                        id,
+                        Proxy {
+                            running: true,
+                            epoch,
+                            cache: Vec::new(),
+                        },
+                    );
+                }
+                Component::Log => {}
+            }
+        }
+        for lt in self.scenario.lock_tables.clone() {
+            let pod = self.pod_by_name[&lt.owner];
+            let owner = Instance {
+                pod,
+                epoch: self.pods[pod].epoch,
+            };
+            self.tn.allocator.binds.insert(
+                lt.table.clone(),
+                Bind {
+                    owner,
+                    uuid: self.cns[&pod].uuid.clone(),
+                    version: 1,
+                },
+            );
+        }
+        self.refresh_proxies();
+
+        // Periodic and scheduled events.
+        self.schedule(Millis::ZERO, Ev::OperatorTick);
+        self.schedule(self.t.heartbeat.millis(), Ev::HeartbeatTick);
+        self.schedule(self.t.proxy_refresh.millis(), Ev::ProxyRefresh);
+        self.schedule(self.t.proxy_rebalance.millis(), Ev::ProxyRebalance);
+        if let Some(c) = &self.scenario.consolidation {
+            self.schedule(c.start.millis(), Ev::ConsolidationTick);
+        }
+        for i in 0..self.scenario.events.len() {
+            let at = self.scenario.events[i].at.millis();
+            self.schedule(at, Ev::Scenario(i));
+        }
+        let start = self.scenario.workload.start.millis();
+        for c in 0..self.clients.len() {
+            // Spread client starts over the first second so they do not move in lockstep.
+            let jitter = Millis(rand::Rng::random_range(&mut self.rng, 0..1000));
+            self.schedule(start + jitter, Ev::ClientNext(c));
+        }
+        let line = format!(
+            "start: {} pods on {} nodes, policy {}",
+            self.pods.len(),
+            self.nodes.len(),
+            self.policy.name()
+        );
+        self.log("sim", || line);
+    }
+
+    pub(crate) fn schedule(&mut self, at: Millis, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Reverse((at, self.seq, ev)));
+    }
+
+    pub(crate) fn after(&mut self, delay: Dur, ev: Ev) {
+        let at = self.now + delay.millis();
+        self.schedule(at, ev);
+    }
+
+    pub(crate) fn log(&mut self, source: &str, message: impl FnOnce() -> String) {
+        if self.record_events {
+            let line = format!("{:>12} {:<10} {}", self.now.to_string(), source, message());
+            self.event_log.push(line);
+        }
+    }
+
+    pub(crate) fn next_epoch(&mut self) -> u64 {
+        self.epoch_counter += 1;
+        self.epoch_counter
+    }
+
+    /// Runs to the scenario's end. `progress` is called now and then with the simulated time.
+    pub fn run(&mut self, progress: &mut dyn FnMut(Millis)) -> Report {
+        let started = std::time::Instant::now();
+        let end = self.scenario.duration.millis();
+        while let Some(Reverse((at, _, ev))) = self.queue.pop() {
+            if at > end {
+                break;
+            }
+            if at > self.now {
+                self.account_interval(at);
+            }
+            self.now = at;
+            self.events_processed += 1;
+            if self.events_processed % 65_536 == 0 {
+                progress(self.now);
+            }
+            self.handle(ev);
+        }
+        if end > self.now {
+            self.account_interval(end);
+            self.now = end;
+        }
+        progress(self.now);
+        self.finish(started.elapsed().as_secs_f64())
+    }
+
+    pub fn event_log(&self) -> &[String] {
+        &self.event_log
+    }
+
+    /// Integrates time-based measurements over `[now, until)`.
+    fn account_interval(&mut self, until: Millis) {
+        if self.now >= self.scenario.workload.start.millis() && !self.any_proxy_can_route() {
+            self.no_route += until - self.now;
+        }
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::Scenario(i) => self.scenario_event(i),
+            Ev::OperatorTick => {
+                self.operator_tick();
+                self.after(self.t.operator_tick, Ev::OperatorTick);
+            }
+            Ev::HeartbeatTick => {
+                self.heartbeat_tick();
+                self.after(self.t.heartbeat, Ev::HeartbeatTick);
+            }
+            Ev::ProxyRefresh => {
+                self.refresh_proxies();
+                self.after(self.t.proxy_refresh, Ev::ProxyRefresh);
+            }
+            Ev::ProxyRebalance => {
+                self.rebalance_sessions();
+                self.after(self.t.proxy_rebalance, Ev::ProxyRebalance);
+            }
+            Ev::ConsolidationTick => self.consolidation_tick(),
+            Ev::EvictionRetry(i) => self.retry_eviction(i),
+            Ev::HakeeperOutageEnd => {
+                if self.hakeeper.outage_until.is_some_and(|u| u <= self.now) {
+                    self.hakeeper.outage_until = None;
+                    self.log("fault", || "HAKeeper reachable again".into());
+                    self.on_log_change();
+                }
+            }
+            Ev::PodStart(p) => self.pod_start(p),
+            Ev::PodSigterm(p) => self.pod_sigterm(p),
+            Ev::PodKill(p, e) => self.pod_kill(p, e),
+            Ev::ProcessExit(p, e) => self.process_exit(p, e),
+            Ev::ContainerRestart(p) => self.container_restart(p),
+            Ev::NodeEvictPods(n) => self.node_evict_pods(n),
+            Ev::LogJoined {
+                shard,
+                replica,
+                epoch,
+            } => self.log_joined(shard, replica, epoch),
+            Ev::LogCaughtUp {
+                shard,
+                replica,
+                epoch,
+                term,
+            } => self.log_caught_up(shard, replica, epoch, term),
+            Ev::LogElection { shard } => self.log_election(shard),
+            Ev::TnStarted(e) => self.tn_started(e),
+            Ev::TnHakeeperDeadline(e) => self.tn_hakeeper_deadline(e),
+            Ev::TnWalDeadline { epoch, generation } => self.tn_wal_deadline(epoch, generation),
+            Ev::CnStarted(p, e) => self.cn_started(p, e),
+            Ev::CnStartDeadline(p, e) => self.cn_start_deadline(p, e),
+            Ev::CnLockClose(p, e) => self.cn_lock_close(p, e),
+            Ev::CnKeepalive(p, e) => self.cn_keepalive(p, e),
+            Ev::BindInvalidate(p, e) => self.bind_invalidate(p, e),
+            Ev::ProxyStarted(p, e) => self.proxy_started(p, e),
+            Ev::ClientNext(c) => self.client_next(c),
+            Ev::StmtDone(c, x) => self.stmt_done(c, x),
+            Ev::CommitAtTn(c, x) => self.commit_at_tn(c, x),
+            Ev::WalDone(x) => self.wal_done(x),
+            Ev::CommitTimeout(c, x) => self.commit_timeout(c, x),
+        }
+    }
+
+    fn scenario_event(&mut self, index: usize) {
+        let kind = self.scenario.events[index]
+            .kind(index)
+            .expect("validated scenario");
+        match kind {
+            EventKind::Evict { pod, source } => {
+                self.log("k8s", || format!("eviction of {pod} requested by {source}"));
+                self.request_eviction(pod, source);
+            }
+            EventKind::DrainNode { node } => {
+                let Some(n) = self.nodes.iter().position(|x| x.name == node) else {
+                    return;
+                };
+                self.nodes[n].cordoned = true;
+                self.log("k8s", || format!("kubectl drain {node}: cordoned"));
+                for name in self.pods_on_node(n) {
+                    self.request_eviction(name, "kubectl-drain".into());
+                }
+            }
+            EventKind::ScaleIn { group, replicas } => {
+                let Some(gi) = self.groups.iter().position(|g| g.name == group) else {
+                    return;
+                };
+                let members: Vec<PodId> = self
+                    .live_pods()
+                    .filter(|&p| self.pods[p].cn_group == Some(gi))
+                    .collect();
+                let excess = members.len().saturating_sub(replicas);
+                for &p in members.iter().rev().take(excess) {
+                    self.add_removal(p, mo_core::RemovalReason::ScaleIn);
+                }
+            }
+            EventKind::ClaimRelease { pod } => {
+                if let Some(&p) = self.pod_by_name.get(&pod) {
+                    self.pods[p].pool_phase = Some(PoolPhase::Idle);
+                    self.log("pool", || format!("claim on {pod} released: Idle"));
+                }
+            }
+            EventKind::Upgrade { version, strategy } => {
+                self.log("spec", || {
+                    format!("upgrade to {version} requested, strategy {strategy}")
+                });
+                self.tracker.requested_at.get_or_insert(self.now);
+                self.upgrade = Some(UpgradeSpec {
+                    target_version: version,
+                    strategy,
+                });
+            }
+            EventKind::NodeFailure { node } => {
+                if let Some(n) = self.nodes.iter().position(|x| x.name == node) {
+                    self.fail_node(n);
+                }
+            }
+            EventKind::CnCrash { pod } => {
+                if let Some(&p) = self.pod_by_name.get(&pod) {
+                    self.log("fault", || format!("CN {pod} crashes"));
+                    self.crash_process(p, Cause::Involuntary, true);
+                }
+            }
+            EventKind::DeletePod { pod } => {
+                if let Some(&p) = self.pod_by_name.get(&pod) {
+                    self.log("k8s", || format!("kubectl delete pod {pod}"));
+                    self.delete_pod(p, Cause::Voluntary, true, "plain delete");
+                }
+            }
+            EventKind::Fault {
+                cn_never_heartbeats_after_restart,
+            } => {
+                self.fault_cn_never_heartbeats = cn_never_heartbeats_after_restart;
+                self.log("fault", || {
+                    format!("restarted CNs never heartbeat: {cn_never_heartbeats_after_restart}")
+                });
+            }
+            EventKind::HakeeperOutage { duration } => {
+                let until = self.now + duration.millis();
+                self.hakeeper.outage_until = Some(until);
+                self.schedule(until, Ev::HakeeperOutageEnd);
+                self.log("fault", || format!("HAKeeper unreachable for {duration}"));
+                self.on_log_change();
+            }
+        }
+    }
+
+    pub(crate) fn add_removal(&mut self, pod: PodId, reason: mo_core::RemovalReason) {
+        let name = self.pods[pod].name.clone();
+        if self.removals.iter().any(|r| r.pod == name) {
+            return;
+        }
+        self.removal_counter += 1;
+        let request = RemovalRequest {
+            id: self.removal_counter,
+            pod: name.clone(),
+            uid: self.pods[pod].uid.clone(),
+            reason,
+            requested_at: self.now,
+        };
+        self.log("spec", || {
+            format!("removal of {name} requested: {:?}", request.reason)
+        });
+        self.removals.push(request);
+    }
+
+    fn consolidation_tick(&mut self) {
+        let Some(spec) = self.scenario.consolidation.clone() else {
+            return;
+        };
+        self.after(spec.interval, Ev::ConsolidationTick);
+        if let Some(n) = self.consolidation_target {
+            if self.pods_on_node(n).is_empty() {
+                let node = self.nodes[n].name.clone();
+                self.log("agent", || format!("node {node} is empty: removed"));
+                self.consolidation_target = None;
+            } else {
+                return;
+            }
+        }
+        // The agent's own (flawed) judgment: a node whose pods are all CNs without sessions.
+        let candidate = (0..self.nodes.len()).find(|&n| {
+            let node = &self.nodes[n];
+            let pods = self.pods_on_node(n);
+            node.alive
+                && !node.cordoned
+                && !pods.is_empty()
+                && pods.iter().all(|name| {
+                    let p = self.pod_by_name[name];
+                    self.pods[p].component == Component::Cn
+                        && self.cns.get(&p).is_some_and(|c| c.sessions.is_empty())
+                })
+        });
+        let Some(n) = candidate else {
+            return;
+        };
+        self.consolidation_target = Some(n);
+        self.nodes[n].cordoned = true;
+        let node = self.nodes[n].name.clone();
+        self.log("agent", || {
+            format!("node consolidation: moving pods off under-used {node}")
+        });
+        for name in self.pods_on_node(n) {
+            let p = self.pod_by_name[&name];
+            if spec.method == ConsolidationMethod::PoolReclaim && self.pods[p].pool_phase.is_some()
+            {
+                self.log("agent", || {
+                    format!("{name}: Pod is not managed by CNClaim, evict it gracefully")
+                });
+                self.add_removal(
+                    p,
+                    mo_core::RemovalReason::PoolReclaim {
+                        requested_by: "consolidation-agent".into(),
+                    },
+                );
+            } else {
+                self.request_eviction(name, "consolidation-agent".into());
+            }
+        }
+    }
+
+    fn operator_tick(&mut self) {
+        let observation = self.observe();
+        let results = std::mem::take(&mut self.last_results);
+        let decision = self.policy.decide(mo_core::PolicyInput {
+            observation: &observation,
+            results: &results,
+        });
+        for note in decision.notes {
+            self.record_note(note);
+        }
+        let mut results = Vec::with_capacity(decision.actions.len());
+        for action in decision.actions {
+            let result = self.apply_action(&action);
+            self.log("operator", || match &result {
+                Ok(()) => format!("{action:?}"),
+                Err(e) => format!("{action:?} -> {e}"),
+            });
+            results.push(ActionResult { action, result });
+        }
+        self.last_results = results;
+    }
+
+    fn finish(&mut self, wall_seconds: f64) -> Report {
+        let upgrade = self.tracker.requested_at.map(|requested| UpgradeReport {
+            started_at: Some(requested.as_secs_f64()),
+            finished_at: self.tracker.finished_at.map(Millis::as_secs_f64),
+            phases: self
+                .tracker
+                .phases
+                .iter()
+                .map(|(c, s, f)| PhaseReport {
+                    component: *c,
+                    started_at: s.map(Millis::as_secs_f64),
+                    finished_at: f.map(Millis::as_secs_f64),
+                })
+                .collect(),
+        });
+        let upgrade_done = self.upgrade.is_none() || self.tracker.finished_at.is_some();
+        let removals_done = self.removals.is_empty();
+        let mut errors = self.errors_by_kind.clone();
+        errors.retain(|_, v| *v > 0);
+        Report {
+            scenario: self.scenario.name.clone(),
+            policy: self.policy.name().to_string(),
+            seed: self.scenario.seed,
+            completed: upgrade_done && removals_done,
+            sim_seconds: self.now.as_secs_f64(),
+            wall_seconds,
+            events: self.events_processed,
+            txns: self.counts.clone(),
+            errors_by_kind: errors,
+            tn_fatal_exits: self.tn_fatal_exit_times.len() as u64,
+            tn_fatal_exit_times: self
+                .tn_fatal_exit_times
+                .iter()
+                .map(|t| t.as_secs_f64())
+                .collect(),
+            proxy_no_route_seconds: self.no_route.as_secs_f64(),
+            unsafe_actions: self.unsafe_actions.clone(),
+            upgrade,
+            unsafe_action_log: self.unsafe_log.clone(),
+        }
+    }
+}
+
+/// The CN UUID derives from the pod's DNS name, so it is stable across restarts of the pod.
+pub(crate) fn cn_uuid(pod_name: &str) -> String {
+    // FNV-1a over the name, printed as a UUID: deterministic and readable in logs.
+    let mut h: u128 = 0x6c62272e07bb014262b821756295c58d;
+    for b in pod_name.bytes() {
+        h ^= b as u128;
+        h = h.wrapping_mul(0x0000000001000000000000000000013B);
+    }
+    let hex = format!("{h:032x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}

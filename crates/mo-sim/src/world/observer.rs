@@ -1,0 +1,387 @@
+//! The boundary between the world and a policy: what a policy may observe, how its actions
+//! take effect, and the independent observer that judges every voluntary action against the
+//! ground truth (the `unsafe_actions` counters).
+
+use super::kernel::majority;
+use super::*;
+use mo_core::{
+    Action, ActionError, AllocatorView, ClusterDetails, CnActivity, CnStoreView, DesiredState,
+    LogReplicaView, LogShardView, Observation, ObservationError, PodObservation, PodPhase,
+    PolicyNote, RestartAnswer, TnStoreView,
+};
+
+impl Simulation {
+    pub(crate) fn observe(&self) -> Observation {
+        let pods = self
+            .live_pods()
+            .map(|p| {
+                let pod = &self.pods[p];
+                PodObservation {
+                    name: pod.name.clone(),
+                    uid: pod.uid.clone(),
+                    component: pod.component,
+                    node: self.nodes[pod.node].name.clone(),
+                    phase: if pod.status == PodStatus::Running {
+                        PodPhase::Running
+                    } else {
+                        PodPhase::Pending
+                    },
+                    ready: pod.ready,
+                    version: pod.version.clone(),
+                    terminating: pod.deletion.is_some(),
+                    restarts: pod.restarts,
+                    cn_uuid: (pod.component == Component::Cn).then(|| cn_uuid(&pod.name)),
+                    pool_phase: pod.pool_phase,
+                }
+            })
+            .collect();
+        let hakeeper = if self.hakeeper.outage_until.is_some() {
+            Err(ObservationError::Timeout("HAKeeper RPC".into()))
+        } else if !self.hakeeper_available() {
+            Err(ObservationError::Unavailable(
+                "HAKeeper shard has no leader".into(),
+            ))
+        } else {
+            Ok(self.cluster_details())
+        };
+        let lock_allocator = if self.tn.phase == TnPhase::Running {
+            let restarting = self
+                .tn
+                .allocator
+                .restart_marks
+                .iter()
+                .map(|(uuid, mark)| {
+                    let live = self
+                        .cns
+                        .values()
+                        .find(|c| &c.uuid == uuid && c.phase != CnPhase::Down);
+                    let remaining = live.map_or(-1, |c| c.holders.len() as i64);
+                    (
+                        uuid.clone(),
+                        RestartAnswer {
+                            can_restart: mark.unlock_success,
+                            remaining_txns: remaining,
+                        },
+                    )
+                })
+                .collect();
+            Ok(AllocatorView { restarting })
+        } else {
+            Err(ObservationError::Unavailable(
+                "lock allocator (TN) is down".into(),
+            ))
+        };
+        let cn_activity = self
+            .cns
+            .iter()
+            .filter(|(p, _)| self.pods[**p].status != PodStatus::Gone)
+            .map(|(&p, cn)| {
+                let answer = if cn.phase == CnPhase::Running {
+                    Ok(CnActivity {
+                        sessions: cn.sessions.len() as u32,
+                        pipelines: 0,
+                        replicas: 0,
+                    })
+                } else {
+                    Err(ObservationError::Unavailable(
+                        "query service not answering".into(),
+                    ))
+                };
+                (self.pods[p].name.clone(), answer)
+            })
+            .collect();
+        Observation {
+            now: self.now,
+            pods,
+            hakeeper,
+            lock_allocator,
+            cn_activity,
+            desired: DesiredState {
+                upgrade: self.upgrade.clone(),
+                removals: self.removals.clone(),
+            },
+        }
+    }
+
+    fn cluster_details(&self) -> ClusterDetails {
+        let cns = self
+            .hakeeper
+            .cns
+            .iter()
+            .map(|(uuid, r)| CnStoreView {
+                uuid: uuid.clone(),
+                start_epoch: r.epoch,
+                work_state: r.work_state,
+                heartbeat_age: self.now - r.last_heartbeat,
+                version: r.version.clone(),
+            })
+            .collect();
+        let tns = self
+            .hakeeper
+            .tn_last_heartbeat
+            .iter()
+            .map(|(epoch, at)| TnStoreView {
+                uuid: "tn-0".into(),
+                start_epoch: *epoch,
+                heartbeat_age: self.now - *at,
+            })
+            .collect();
+        let log_shards = self
+            .shards
+            .iter()
+            .map(|s| LogShardView {
+                shard_id: s.id,
+                leader: s.leader.map(|l| s.replicas[l].store.clone()),
+                term: s.term,
+                replicas: s
+                    .replicas
+                    .iter()
+                    .map(|r| LogReplicaView {
+                        store: r.store.clone(),
+                        up: matches!(r.state, ReplicaState::Joined { .. }),
+                        caught_up: r.state == ReplicaState::Joined { caught_up: true },
+                    })
+                    .collect(),
+            })
+            .collect();
+        ClusterDetails {
+            cns,
+            tns,
+            log_shards,
+        }
+    }
+
+    pub(crate) fn apply_action(&mut self, action: &Action) -> Result<(), ActionError> {
+        match action {
+            Action::SetCnWorkState { uuid, state } => {
+                self.hakeeper_rpc()?;
+                let record = self.hakeeper.cns.get_mut(uuid).ok_or_else(|| {
+                    ActionError::DoesNotExist(format!("CN [{uuid}] does not exist"))
+                })?;
+                record.work_state = *state;
+                Ok(())
+            }
+            Action::SetRestartService { uuid } => self.set_restart_service(uuid),
+            Action::DeleteCnStore { uuid } => {
+                self.hakeeper_rpc()?;
+                self.hakeeper.cns.remove(uuid);
+                Ok(())
+            }
+            Action::DeletePod { pod, uid, reason } => {
+                let p = self.pod_for_action(pod, uid)?;
+                let removal = self.removals.iter().any(|r| &r.pod == pod);
+                if removal && self.pods[p].pool_phase.is_some() {
+                    self.pods[p].pool_phase = Some(PoolPhase::Terminating);
+                }
+                self.delete_pod(p, Cause::Voluntary, !removal, reason);
+                Ok(())
+            }
+            Action::RestartPod { pod, uid, version } => {
+                let p = self.pod_for_action(pod, uid)?;
+                self.template_version.insert(pod.clone(), version.clone());
+                self.delete_pod(p, Cause::Voluntary, true, &format!("restart for {version}"));
+                Ok(())
+            }
+        }
+    }
+
+    fn hakeeper_rpc(&self) -> Result<(), ActionError> {
+        if self.hakeeper.outage_until.is_some() {
+            Err(ActionError::Timeout("HAKeeper RPC".into()))
+        } else if !self.hakeeper_available() {
+            Err(ActionError::Unavailable(
+                "HAKeeper shard has no leader".into(),
+            ))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn pod_for_action(&self, name: &str, uid: &str) -> Result<PodId, ActionError> {
+        let &p = self
+            .pod_by_name
+            .get(name)
+            .ok_or_else(|| ActionError::DoesNotExist(format!("pod {name} not found")))?;
+        if self.pods[p].uid != uid {
+            return Err(ActionError::Conflict(format!(
+                "pod {name} has uid {}, not {uid}",
+                self.pods[p].uid
+            )));
+        }
+        Ok(p)
+    }
+
+    pub(crate) fn record_note(&mut self, note: PolicyNote) {
+        match &note {
+            PolicyNote::PhaseStarted { component } => {
+                if let Some((previous, _, _)) = self.tracker.phases.last().cloned()
+                    && let Err(why) = self.functional_gate(previous)
+                {
+                    self.count_unsafe(
+                        |u| &mut u.phase_advanced_on_failed_gate,
+                        format!("{component} phase started while the {previous} gate fails: {why}"),
+                    );
+                }
+                self.tracker.phases.push((*component, Some(self.now), None));
+            }
+            PolicyNote::PhaseFinished { component } => {
+                if let Some(entry) = self
+                    .tracker
+                    .phases
+                    .iter_mut()
+                    .rev()
+                    .find(|(c, _, f)| c == component && f.is_none())
+                {
+                    entry.2 = Some(self.now);
+                }
+            }
+            PolicyNote::UpgradeFinished => {
+                self.tracker.finished_at.get_or_insert(self.now);
+            }
+            PolicyNote::Holding { .. } | PolicyNote::Released { .. } => {}
+        }
+        self.log("policy", || format!("{note:?}"));
+    }
+
+    fn count_unsafe(&mut self, counter: fn(&mut UnsafeActions) -> &mut u64, what: String) {
+        *counter(&mut self.unsafe_actions) += 1;
+        let line = format!("{}: {what}", self.now);
+        self.log("UNSAFE", || what.clone());
+        self.unsafe_log.push(line);
+    }
+
+    /// Judges a voluntary stop of a running MatrixOne process against the ground truth.
+    pub(crate) fn check_voluntary_stop(&mut self, p: PodId, why: &str) {
+        let name = self.pods[p].name.clone();
+        match self.pods[p].component {
+            Component::Cn => {
+                let Some(cn) = self.cns.get(&p) else { return };
+                if cn.phase != CnPhase::Running {
+                    return;
+                }
+                if cn.confirmed_epoch != Some(cn.epoch) {
+                    let me = Instance {
+                        pod: p,
+                        epoch: cn.epoch,
+                    };
+                    let owned = self
+                        .tn
+                        .allocator
+                        .binds
+                        .values()
+                        .filter(|b| b.owner == me)
+                        .count();
+                    let holders = cn.holders.len();
+                    let sessions = cn.sessions.len();
+                    self.count_unsafe(
+                        |u| &mut u.pod_deleted_without_drain_confirmation,
+                        format!(
+                            "{name} stopped ({why}) without a drain confirmation for its instance \
+                             (owns {owned} lock tables, {holders} lock holders, {sessions} sessions)"
+                        ),
+                    );
+                }
+            }
+            Component::Log => {
+                for s in 0..self.shards.len() {
+                    let shard = &self.shards[s];
+                    let Some(me) = shard.replicas.iter().position(|r| r.store == name) else {
+                        continue;
+                    };
+                    let others = shard
+                        .replicas
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, r)| {
+                            *i != me && r.state == ReplicaState::Joined { caught_up: true }
+                        })
+                        .count();
+                    let needed = majority(shard.replicas.len());
+                    if shard.leader.is_none() || others < needed {
+                        let id = shard.id;
+                        let leader = shard.leader.is_some();
+                        self.count_unsafe(
+                            |u| &mut u.log_restart_without_quorum_margin,
+                            format!(
+                                "{name} stopped ({why}) while shard {id} has leader={leader} and \
+                                 {others} other caught-up replicas ({needed} needed)"
+                            ),
+                        );
+                        return;
+                    }
+                }
+            }
+            Component::Tn | Component::Proxy => {}
+        }
+    }
+
+    /// The true functional gate of a finished phase (what the reports ask to wait for).
+    pub(crate) fn functional_gate(&self, component: Component) -> Result<(), String> {
+        let target = self.upgrade.as_ref().map(|u| u.target_version.clone());
+        let pods: Vec<PodId> = self
+            .live_pods()
+            .filter(|&p| self.pods[p].component == component)
+            .collect();
+        for &p in &pods {
+            let pod = &self.pods[p];
+            if !pod.ready {
+                return Err(format!("{} not Ready", pod.name));
+            }
+            if target.as_ref().is_some_and(|t| &pod.version != t) {
+                return Err(format!("{} still on {}", pod.name, pod.version));
+            }
+        }
+        match component {
+            Component::Log => {
+                for s in &self.shards {
+                    if s.leader.is_none() {
+                        return Err(format!("shard {} has no leader", s.id));
+                    }
+                    if let Some(r) = s
+                        .replicas
+                        .iter()
+                        .find(|r| r.state != ReplicaState::Joined { caught_up: true })
+                    {
+                        return Err(format!("shard {}: {} not caught up", s.id, r.store));
+                    }
+                }
+                Ok(())
+            }
+            Component::Tn => {
+                if self.tn.phase != TnPhase::Running {
+                    return Err("TN not running".into());
+                }
+                if !self.wal_available() {
+                    return Err("TN cannot commit its WAL".into());
+                }
+                Ok(())
+            }
+            Component::Cn => {
+                for &p in &pods {
+                    let Some(cn) = self.cns.get(&p) else {
+                        return Err(format!("{} has no CN process", self.pods[p].name));
+                    };
+                    let registered = self.hakeeper.cns.get(&cn.uuid).is_some_and(|r| {
+                        r.epoch == cn.epoch
+                            && r.work_state == WorkState::Working
+                            && self.now - r.last_heartbeat <= Millis::from_secs(3)
+                    });
+                    if !registered {
+                        return Err(format!(
+                            "{} is not registered with HAKeeper as its new instance (Working, heartbeating)",
+                            self.pods[p].name
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            Component::Proxy => {
+                if self.any_proxy_can_route() {
+                    Ok(())
+                } else {
+                    Err("no proxy can route to a Working CN".into())
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,457 @@
+//! Clients running DML transactions through the proxy. Every transaction ends committed,
+//! failed with a definite error, or unknown (the client cannot tell whether it committed).
+
+use super::*;
+use rand::Rng;
+
+/// What the client is told.
+#[derive(Clone, Debug)]
+pub(crate) enum Outcome {
+    Committed,
+    Failed(String, Cause),
+    Unknown(String, Cause),
+}
+
+pub(crate) enum LockResult {
+    Granted(HeldLock),
+    /// The owner refuses new locks while it hands its tables over: retry shortly.
+    Retry,
+    Failed(String, Cause),
+}
+
+const LOCK_RETRY: Millis = Millis(100);
+const LOCK_WAIT_TIMEOUT: Millis = Millis(10_000);
+const RECONNECT_DELAY: Millis = Millis(1_000);
+
+impl Simulation {
+    fn wake_client(&mut self, c: ClientId, delay: Millis) {
+        if !self.clients[c].wakeup_pending {
+            self.clients[c].wakeup_pending = true;
+            let at = self.now + delay;
+            self.schedule(at, Ev::ClientNext(c));
+        }
+    }
+
+    fn think_time(&mut self) -> Millis {
+        let u: f64 = self.rng.random::<f64>().max(1e-12);
+        let secs = -u.ln() / self.scenario.workload.txn_rate;
+        Millis((secs * 1000.0).min(3_600_000.0) as u64)
+    }
+
+    /// The proxy's choice: a routable CN with the fewest sessions.
+    pub(crate) fn pick_cn(&self, proxy: PodId) -> Option<PodId> {
+        let proxy = self.proxies.get(&proxy)?;
+        if !proxy.running {
+            return None;
+        }
+        proxy
+            .cache
+            .iter()
+            .filter_map(|(u, s)| self.routable_cn(u, *s))
+            .min_by_key(|p| (self.cns[p].sessions.len(), *p))
+    }
+
+    pub(crate) fn attach_session(&mut self, c: ClientId, proxy: PodId, cn: PodId) {
+        let epoch = self.cns[&cn].epoch;
+        self.cns
+            .get_mut(&cn)
+            .expect("routable CN exists")
+            .sessions
+            .insert(c);
+        self.clients[c].session = Some(Instance { pod: cn, epoch });
+        self.clients[c].proxy = Some(proxy);
+    }
+
+    pub(crate) fn drop_session(&mut self, c: ClientId) {
+        if let Some(s) = self.clients[c].session.take()
+            && let Some(cn) = self.cns.get_mut(&s.pod)
+        {
+            cn.sessions.remove(&c);
+        }
+        self.clients[c].proxy = None;
+    }
+
+    pub(crate) fn client_next(&mut self, c: ClientId) {
+        self.clients[c].wakeup_pending = false;
+        if self.clients[c].txn.is_some() {
+            return;
+        }
+        if self.clients[c].session.is_none() {
+            let running: Vec<PodId> = self
+                .proxies
+                .iter()
+                .filter(|(_, x)| x.running)
+                .map(|(&p, _)| p)
+                .collect();
+            let chosen = (!running.is_empty())
+                .then(|| running[c % running.len()])
+                .and_then(|proxy| self.pick_cn(proxy).map(|cn| (proxy, cn)));
+            let Some((proxy, cn)) = chosen else {
+                // No route: the client's connect fails; no transaction was started.
+                self.wake_client(c, RECONNECT_DELAY);
+                return;
+            };
+            self.attach_session(c, proxy, cn);
+        }
+        let session = self.clients[c].session.expect("attached above");
+        let w = &self.scenario.workload;
+        let (lo, hi, n_tables) = (w.statements_min, w.statements_max, self.tables.len());
+        let statements = self.rng.random_range(lo..=hi);
+        let tables = (0..statements)
+            .map(|_| self.rng.random_range(0..n_tables))
+            .collect();
+        self.txn_counter += 1;
+        let x = self.txn_counter;
+        self.txns.insert(
+            x,
+            Txn {
+                client: c,
+                cn: session,
+                tables,
+                next_stmt: 0,
+                stage: TxnStage::Statements,
+                locks: Vec::new(),
+                lock_wait_deadline: None,
+                reported: false,
+            },
+        );
+        self.clients[c].txn = Some(x);
+        self.after(self.t.lock_rpc_latency, Ev::StmtDone(c, x));
+    }
+
+    /// Start of statement `next_stmt`: it takes its lock first, then executes for
+    /// `statement_latency` holding it; after the last statement comes COMMIT.
+    pub(crate) fn stmt_done(&mut self, c: ClientId, x: TxnId) {
+        let Some(txn) = self.txns.get(&x) else {
+            return;
+        };
+        if txn.reported || txn.stage != TxnStage::Statements {
+            return;
+        }
+        let table = txn.tables[txn.next_stmt];
+        match self.acquire_lock(x, table) {
+            LockResult::Granted(lock) => {
+                let txn = self.txns.get_mut(&x).expect("present");
+                txn.locks.push(lock);
+                txn.lock_wait_deadline = None;
+                txn.next_stmt += 1;
+                let latency = self.scenario.workload.statement_latency;
+                if txn.next_stmt == txn.tables.len() {
+                    txn.stage = TxnStage::Committing;
+                    self.after(latency, Ev::CommitAtTn(c, x));
+                    let timeout = self.scenario.workload.commit_timeout.millis() + latency.millis();
+                    self.schedule(self.now + timeout, Ev::CommitTimeout(c, x));
+                } else {
+                    self.after(latency, Ev::StmtDone(c, x));
+                }
+            }
+            LockResult::Retry => {
+                let now = self.now;
+                let txn = self.txns.get_mut(&x).expect("present");
+                let deadline = *txn
+                    .lock_wait_deadline
+                    .get_or_insert(now + LOCK_WAIT_TIMEOUT);
+                if now >= deadline {
+                    self.abort_txn(x, "lock wait timeout".into(), Cause::Voluntary);
+                } else {
+                    let at = now + LOCK_RETRY;
+                    self.schedule(at, Ev::StmtDone(c, x));
+                }
+            }
+            LockResult::Failed(error, cause) => self.abort_txn(x, error, cause),
+        }
+    }
+
+    /// Lock-service rules: the first locker owns a table; others lock through the owner's
+    /// lock port; an owner that is handing over refuses new transactions.
+    fn acquire_lock(&mut self, x: TxnId, table: usize) -> LockResult {
+        let requester = self.txns[&x].cn;
+        let table_name = &self.tables[table];
+        let Some(bind) = self.tn.allocator.binds.get(table_name).cloned() else {
+            if self.tn.phase != TnPhase::Running {
+                return LockResult::Failed(
+                    "lock table allocator unavailable".into(),
+                    self.tn_cause(),
+                );
+            }
+            let Some(cn) = self.cns.get(&requester.pod) else {
+                return LockResult::Retry;
+            };
+            if self.tn.allocator.restart_marks.contains_key(&cn.uuid)
+                || cn.restart_mode != RestartMode::None
+            {
+                // A CN that is restarting cannot become an owner; the proxy moves the session.
+                return LockResult::Retry;
+            }
+            self.bind_version_bump += 1;
+            let bind = Bind {
+                owner: requester,
+                uuid: cn.uuid.clone(),
+                version: self.bind_version_bump,
+            };
+            self.tn
+                .allocator
+                .binds
+                .insert(table_name.clone(), bind.clone());
+            return self.grant(x, table, &bind);
+        };
+        let owner = bind.owner;
+        let Some(cn) = self.cns.get(&owner.pod).filter(|c| c.epoch == owner.epoch) else {
+            let cause = self.stopped_cause(owner.pod);
+            return LockResult::Failed(
+                "failed to lock on remote: connection refused".into(),
+                cause,
+            );
+        };
+        if !cn.lock_open {
+            let cause = cn.stop_cause;
+            let text = if self.pods[owner.pod].process_alive
+                && self.pods[owner.pod].epoch == owner.epoch
+            {
+                "failed to lock on remote: EOF"
+            } else {
+                "failed to lock on remote: connection refused"
+            };
+            return LockResult::Failed(text.into(), cause);
+        }
+        if cn.restart_mode != RestartMode::None && !cn.holders.contains(&x) {
+            return LockResult::Retry;
+        }
+        self.grant(x, table, &bind)
+    }
+
+    fn grant(&mut self, x: TxnId, table: usize, bind: &Bind) -> LockResult {
+        if let Some(cn) = self.cns.get_mut(&bind.owner.pod) {
+            cn.holders.insert(x);
+        }
+        LockResult::Granted(HeldLock {
+            table,
+            owner: bind.owner,
+            version: bind.version,
+        })
+    }
+
+    /// Why the process on pod `p` is gone, as far as the world knows.
+    fn stopped_cause(&self, p: PodId) -> Cause {
+        match self.cns.get(&p) {
+            Some(cn) if cn.phase != CnPhase::Running => cn.stop_cause,
+            _ => self.pods[p]
+                .deletion
+                .as_ref()
+                .map_or(Cause::Involuntary, |d| d.cause),
+        }
+    }
+
+    fn tn_cause(&self) -> Cause {
+        self.pods[self.tn.pod]
+            .deletion
+            .as_ref()
+            .map_or(Cause::Involuntary, |d| d.cause)
+    }
+
+    pub(crate) fn commit_at_tn(&mut self, _c: ClientId, x: TxnId) {
+        let Some(txn) = self.txns.get(&x) else {
+            return;
+        };
+        let cn_alive = self
+            .cns
+            .get(&txn.cn.pod)
+            .is_some_and(|cn| cn.epoch == txn.cn.epoch && cn.phase != CnPhase::Down);
+        if !cn_alive {
+            // The CN died before the commit reached the TN: it never happened.
+            self.resolve_txn_aborted(x, None);
+            return;
+        }
+        if self.tn.phase != TnPhase::Running {
+            let cause = self.tn_cause();
+            self.abort_txn(x, "TN unavailable: connection refused".into(), cause);
+            return;
+        }
+        let binds_intact = txn.locks.iter().all(|l| {
+            self.tn
+                .allocator
+                .binds
+                .get(&self.tables[l.table])
+                .is_some_and(|b| b.owner == l.owner && b.version == l.version)
+        });
+        if !binds_intact {
+            let cause = txn
+                .locks
+                .iter()
+                .map(|l| self.stopped_cause(l.owner.pod))
+                .find(|c| *c == Cause::Involuntary)
+                .unwrap_or(Cause::Voluntary);
+            self.abort_txn(x, "lock table bind changed".into(), cause);
+            return;
+        }
+        self.tn.wal_waiting.push(x);
+        if self.wal_available() && self.tn.wal_blocked_since.is_none() {
+            self.after(self.t.wal_append_latency, Ev::WalDone(x));
+        } else {
+            self.on_log_change();
+        }
+    }
+
+    pub(crate) fn wal_done(&mut self, x: TxnId) {
+        let Some(pos) = self.tn.wal_waiting.iter().position(|&w| w == x) else {
+            return;
+        };
+        if self.tn.phase != TnPhase::Running || !self.wal_available() {
+            return; // still waiting; a later flush completes it
+        }
+        self.tn.wal_waiting.remove(pos);
+        let Some(txn) = self.txns.remove(&x) else {
+            return;
+        };
+        // Committed. The CN now unlocks; a transport error on the way back reaches the client
+        // as an error on COMMIT, and the client cannot tell that the commit happened.
+        let mut unlock_error: Option<(String, Cause)> = None;
+        for lock in &txn.locks {
+            let reachable = self
+                .cns
+                .get(&lock.owner.pod)
+                .is_some_and(|cn| cn.epoch == lock.owner.epoch && cn.lock_open);
+            if !reachable && unlock_error.is_none() {
+                let alive = self.pods[lock.owner.pod].process_alive
+                    && self.pods[lock.owner.pod].epoch == lock.owner.epoch;
+                let text = if alive {
+                    "failed to unlock on remote: EOF"
+                } else {
+                    "failed to unlock on remote: connection refused"
+                };
+                unlock_error = Some((text.into(), self.stopped_cause(lock.owner.pod)));
+            }
+        }
+        self.release_locks(x, &txn);
+        self.truth_committed += 1;
+        if !txn.reported {
+            let outcome = match unlock_error {
+                None => Outcome::Committed,
+                Some((text, cause)) => Outcome::Unknown(text, cause),
+            };
+            self.report(txn.client, x, outcome);
+        }
+    }
+
+    pub(crate) fn commit_timeout(&mut self, c: ClientId, x: TxnId) {
+        let Some(txn) = self.txns.get_mut(&x) else {
+            return;
+        };
+        if txn.reported {
+            return;
+        }
+        txn.reported = true;
+        let client = txn.client;
+        self.count(&Outcome::Unknown(
+            "commit timed out: context deadline exceeded".into(),
+            self.tn_cause(),
+        ));
+        // The client gives up on the connection; the transaction resolves later at the TN.
+        self.clients[client].txn = None;
+        self.drop_session(c);
+        let delay = self.think_time();
+        self.wake_client(c, delay);
+    }
+
+    /// The session's connection broke: before COMMIT the transaction definitely did not
+    /// commit; during COMMIT the client cannot know.
+    pub(crate) fn session_broken(&mut self, c: ClientId, error: &str, cause: Cause) {
+        if let Some(x) = self.clients[c].txn {
+            let stage = self.txns.get(&x).map(|t| t.stage);
+            match stage {
+                Some(TxnStage::Statements) => {
+                    self.abort_txn(x, format!("{error} (no COMMIT sent)"), cause)
+                }
+                Some(TxnStage::Committing) => {
+                    let txn = self.txns.get_mut(&x).expect("present");
+                    if !txn.reported {
+                        txn.reported = true;
+                        self.count(&Outcome::Unknown(format!("{error} during COMMIT"), cause));
+                    }
+                    self.clients[c].txn = None;
+                }
+                None => self.clients[c].txn = None,
+            }
+        }
+        self.drop_session(c);
+        self.wake_client(c, RECONNECT_DELAY);
+    }
+
+    fn abort_txn(&mut self, x: TxnId, error: String, cause: Cause) {
+        let Some(txn) = self.txns.remove(&x) else {
+            return;
+        };
+        self.release_locks(x, &txn);
+        if !txn.reported {
+            self.report(txn.client, x, Outcome::Failed(error, cause));
+        }
+    }
+
+    /// The transaction did not commit (TN lost it, or its CN died before COMMIT arrived).
+    pub(crate) fn resolve_txn_aborted(&mut self, x: TxnId, error: Option<&str>) {
+        let Some(txn) = self.txns.remove(&x) else {
+            return;
+        };
+        self.release_locks(x, &txn);
+        if !txn.reported {
+            let text = error.unwrap_or("connection lost during COMMIT").to_string();
+            let cause = self.tn_cause();
+            self.report(txn.client, x, Outcome::Unknown(text, cause));
+        }
+    }
+
+    fn release_locks(&mut self, x: TxnId, txn: &Txn) {
+        for lock in &txn.locks {
+            let owner = lock.owner.pod;
+            if let Some(cn) = self.cns.get_mut(&owner)
+                && cn.epoch == lock.owner.epoch
+                && cn.holders.remove(&x)
+            {
+                self.check_unlock(owner);
+            }
+        }
+    }
+
+    fn report(&mut self, c: ClientId, x: TxnId, outcome: Outcome) {
+        self.count(&outcome);
+        if self.clients[c].txn == Some(x) {
+            self.clients[c].txn = None;
+            if self.clients[c]
+                .proxy
+                .is_some_and(|p| !self.proxies.get(&p).is_some_and(|x| x.running))
+            {
+                // The proxy is shutting down: it closes this connection after the transaction.
+                self.drop_session(c);
+            }
+            let delay = self.think_time();
+            self.wake_client(c, delay);
+        }
+    }
+
+    fn count(&mut self, outcome: &Outcome) {
+        match outcome {
+            Outcome::Committed => self.counts.committed += 1,
+            Outcome::Failed(text, cause) | Outcome::Unknown(text, cause) => {
+                if matches!(outcome, Outcome::Failed(..)) {
+                    self.counts.failed_definite += 1;
+                } else {
+                    self.counts.unknown += 1;
+                }
+                match cause {
+                    Cause::Voluntary => self.failures_voluntary += 1,
+                    Cause::Involuntary => self.failures_involuntary += 1,
+                }
+                *self.errors_by_kind.entry(text.clone()).or_default() += 1;
+                let (kind, text) = (
+                    if matches!(outcome, Outcome::Failed(..)) {
+                        "failed"
+                    } else {
+                        "unknown"
+                    },
+                    text.clone(),
+                );
+                self.log("client", || format!("txn {kind}: {text}"));
+            }
+        }
+    }
+}
