@@ -108,6 +108,7 @@ fn sim(
         scenario,
         RunOptions {
             record_events: events.is_some(),
+            ..RunOptions::default()
         },
     );
     let bar = (!json && std::io::stderr().is_terminal()).then(|| output::progress_bar(total));
@@ -140,13 +141,7 @@ fn demo(json: bool) -> Result<()> {
         for policy in mo_sim::policy::KNOWN_POLICIES {
             let mut s = scenario.clone();
             s.policy = policy.to_string();
-            let report = Simulation::new(
-                s,
-                RunOptions {
-                    record_events: false,
-                },
-            )
-            .run(&mut |_| {});
+            let report = Simulation::new(s, RunOptions::default()).run(&mut |_| {});
             runs.insert(policy.to_string(), serde_json::to_value(&report)?);
         }
         let mut entry = serde_json::Map::new();

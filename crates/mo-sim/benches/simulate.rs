@@ -12,12 +12,7 @@ const INCIDENT_000: &str = include_str!("../../../scenarios/incident-000-lock-ow
 fn run(text: &str, policy: &str) -> u64 {
     let mut scenario = Scenario::from_yaml(text).expect("embedded scenario parses");
     scenario.policy = policy.into();
-    let mut sim = Simulation::new(
-        scenario,
-        RunOptions {
-            record_events: false,
-        },
-    );
+    let mut sim = Simulation::new(scenario, RunOptions::default());
     sim.run(&mut |_| {}).events
 }
 

@@ -13,4 +13,4 @@ mod world;
 pub use report::{Report, TxnCounts, UnsafeActions, UpgradeReport};
 pub use scenario::{Scenario, ScenarioError};
 pub use timings::Timings;
-pub use world::{RunOptions, Simulation};
+pub use world::{Audit, OutcomeKind, RunOptions, Simulation};

@@ -115,10 +115,7 @@ impl Simulation {
         if cause == Cause::Voluntary && self.pods[p].process_alive {
             self.check_voluntary_stop(p, why);
         }
-        self.pods[p].deletion = Some(Deletion {
-            cause,
-            recreate,
-        });
+        self.pods[p].deletion = Some(Deletion { cause, recreate });
         self.pods[p].ready = false;
         let name = self.pods[p].name.clone();
         self.log("k8s", || format!("{name} deleted ({why})"));

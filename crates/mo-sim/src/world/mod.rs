@@ -8,6 +8,9 @@ mod kernel;
 mod observer;
 mod workload;
 
+#[cfg(test)]
+mod tests;
+
 use crate::duration::Dur;
 use crate::policy::make_policy;
 use crate::report::{PhaseReport, Report, TxnCounts, UnsafeActions, UpgradeReport};
@@ -309,9 +312,26 @@ pub(crate) struct UpgradeTracker {
     pub phases: Vec<(Component, Option<Millis>, Option<Millis>)>,
 }
 
+#[derive(Clone, Copy, Debug, Default)]
 pub struct RunOptions {
     /// Keep the human-readable event log (costs time and memory on long runs).
     pub record_events: bool,
+    /// Keep every transaction outcome for invariant checks (tests, campaigns).
+    pub audit: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutcomeKind {
+    Committed,
+    Failed,
+    Unknown,
+}
+
+/// Per-transaction record of what clients were told and what really committed.
+#[derive(Clone, Debug, Default)]
+pub struct Audit {
+    pub outcomes: Vec<(u64, OutcomeKind)>,
+    pub truth_committed: Vec<u64>,
 }
 
 pub struct Simulation {
@@ -324,6 +344,7 @@ pub struct Simulation {
     pub(crate) policy: Box<dyn Policy>,
     pub(crate) last_results: Vec<ActionResult>,
     pub(crate) record_events: bool,
+    pub(crate) audit: Option<Audit>,
     pub(crate) event_log: Vec<String>,
     pub(crate) events_processed: u64,
     pub(crate) epoch_counter: u64,
@@ -404,6 +425,7 @@ impl Simulation {
             policy,
             last_results: Vec::new(),
             record_events: options.record_events,
+            audit: options.audit.then(Audit::default),
             event_log: Vec::new(),
             events_processed: 0,
             epoch_counter: 0,
@@ -657,10 +679,20 @@ impl Simulation {
     pub fn run(&mut self, progress: &mut dyn FnMut(Millis)) -> Report {
         let started = std::time::Instant::now();
         let end = self.scenario.duration.millis();
-        while let Some(Reverse((at, _, ev))) = self.queue.pop() {
-            if at > end {
+        self.run_until(end, progress);
+        progress(self.now);
+        self.finish(started.elapsed().as_secs_f64())
+    }
+
+    /// Processes every event due at or before `until`, then sets the clock to `until`.
+    pub fn run_until(&mut self, until: Millis, progress: &mut dyn FnMut(Millis)) {
+        while let Some(Reverse((at, _, _))) = self.queue.peek() {
+            if *at > until {
                 break;
             }
+            let Some(Reverse((at, _, ev))) = self.queue.pop() else {
+                break;
+            };
             if at > self.now {
                 self.account_interval(at);
             }
@@ -671,16 +703,23 @@ impl Simulation {
             }
             self.handle(ev);
         }
-        if end > self.now {
-            self.account_interval(end);
-            self.now = end;
+        if until > self.now {
+            self.account_interval(until);
+            self.now = until;
         }
-        progress(self.now);
-        self.finish(started.elapsed().as_secs_f64())
+    }
+
+    /// The report as of now (the run may go on).
+    pub fn report(&mut self) -> Report {
+        self.finish(0.0)
     }
 
     pub fn event_log(&self) -> &[String] {
         &self.event_log
+    }
+
+    pub fn audit(&self) -> Option<&Audit> {
+        self.audit.as_ref()
     }
 
     /// Integrates time-based measurements over `[now, until)`.

@@ -164,7 +164,7 @@ impl Simulation {
 
     /// Lock-service rules: the first locker owns a table; others lock through the owner's
     /// lock port; an owner that is handing over refuses new transactions.
-    fn acquire_lock(&mut self, x: TxnId, table: usize) -> LockResult {
+    pub(crate) fn acquire_lock(&mut self, x: TxnId, table: usize) -> LockResult {
         let requester = self.txns[&x].cn;
         let table_name = &self.tables[table];
         let Some(bind) = self.tn.allocator.binds.get(table_name).cloned() else {
@@ -198,21 +198,22 @@ impl Simulation {
         let owner = bind.owner;
         let Some(cn) = self.cns.get(&owner.pod).filter(|c| c.epoch == owner.epoch) else {
             let cause = self.stopped_cause(owner.pod);
-            return LockResult::Failed(
-                "failed to lock on remote: connection refused".into(),
-                cause,
+            let text = format!(
+                "failed to lock on remote {}:6003: connection refused",
+                self.pods[owner.pod].name
             );
+            return LockResult::Failed(text, cause);
         };
         if !cn.lock_open {
             let cause = cn.stop_cause;
-            let text = if self.pods[owner.pod].process_alive
-                && self.pods[owner.pod].epoch == owner.epoch
-            {
-                "failed to lock on remote: EOF"
+            let pod = &self.pods[owner.pod];
+            let reason = if pod.process_alive && pod.epoch == owner.epoch {
+                "EOF"
             } else {
-                "failed to lock on remote: connection refused"
+                "connection refused"
             };
-            return LockResult::Failed(text.into(), cause);
+            let text = format!("failed to lock on remote {}:6003: {reason}", pod.name);
+            return LockResult::Failed(text, cause);
         }
         if cn.restart_mode != RestartMode::None && !cn.holders.contains(&x) {
             return LockResult::Retry;
@@ -312,24 +313,27 @@ impl Simulation {
                 .get(&lock.owner.pod)
                 .is_some_and(|cn| cn.epoch == lock.owner.epoch && cn.lock_open);
             if !reachable && unlock_error.is_none() {
-                let alive = self.pods[lock.owner.pod].process_alive
-                    && self.pods[lock.owner.pod].epoch == lock.owner.epoch;
-                let text = if alive {
-                    "failed to unlock on remote: EOF"
+                let pod = &self.pods[lock.owner.pod];
+                let reason = if pod.process_alive && pod.epoch == lock.owner.epoch {
+                    "EOF"
                 } else {
-                    "failed to unlock on remote: connection refused"
+                    "connection refused"
                 };
-                unlock_error = Some((text.into(), self.stopped_cause(lock.owner.pod)));
+                let text = format!("failed to unlock on remote {}:6003: {reason}", pod.name);
+                unlock_error = Some((text, self.stopped_cause(lock.owner.pod)));
             }
         }
         self.release_locks(x, &txn);
         self.truth_committed += 1;
+        if let Some(audit) = &mut self.audit {
+            audit.truth_committed.push(x);
+        }
         if !txn.reported {
             let outcome = match unlock_error {
                 None => Outcome::Committed,
                 Some((text, cause)) => Outcome::Unknown(text, cause),
             };
-            self.report(txn.client, x, outcome);
+            self.tell_client(txn.client, x, outcome);
         }
     }
 
@@ -342,10 +346,13 @@ impl Simulation {
         }
         txn.reported = true;
         let client = txn.client;
-        self.count(&Outcome::Unknown(
-            "commit timed out: context deadline exceeded".into(),
-            self.tn_cause(),
-        ));
+        self.count(
+            x,
+            &Outcome::Unknown(
+                "commit timed out: context deadline exceeded".into(),
+                self.tn_cause(),
+            ),
+        );
         // The client gives up on the connection; the transaction resolves later at the TN.
         self.clients[client].txn = None;
         self.drop_session(c);
@@ -366,7 +373,8 @@ impl Simulation {
                     let txn = self.txns.get_mut(&x).expect("present");
                     if !txn.reported {
                         txn.reported = true;
-                        self.count(&Outcome::Unknown(format!("{error} during COMMIT"), cause));
+                        let outcome = Outcome::Unknown(format!("{error} during COMMIT"), cause);
+                        self.count(x, &outcome);
                     }
                     self.clients[c].txn = None;
                 }
@@ -383,7 +391,7 @@ impl Simulation {
         };
         self.release_locks(x, &txn);
         if !txn.reported {
-            self.report(txn.client, x, Outcome::Failed(error, cause));
+            self.tell_client(txn.client, x, Outcome::Failed(error, cause));
         }
     }
 
@@ -396,7 +404,7 @@ impl Simulation {
         if !txn.reported {
             let text = error.unwrap_or("connection lost during COMMIT").to_string();
             let cause = self.tn_cause();
-            self.report(txn.client, x, Outcome::Unknown(text, cause));
+            self.tell_client(txn.client, x, Outcome::Unknown(text, cause));
         }
     }
 
@@ -412,8 +420,8 @@ impl Simulation {
         }
     }
 
-    fn report(&mut self, c: ClientId, x: TxnId, outcome: Outcome) {
-        self.count(&outcome);
+    fn tell_client(&mut self, c: ClientId, x: TxnId, outcome: Outcome) {
+        self.count(x, &outcome);
         if self.clients[c].txn == Some(x) {
             self.clients[c].txn = None;
             if self.clients[c]
@@ -428,7 +436,16 @@ impl Simulation {
         }
     }
 
-    fn count(&mut self, outcome: &Outcome) {
+    /// Counts the one outcome the client of `x` is told (callers flip `reported` first).
+    fn count(&mut self, x: TxnId, outcome: &Outcome) {
+        if let Some(audit) = &mut self.audit {
+            let kind = match outcome {
+                Outcome::Committed => OutcomeKind::Committed,
+                Outcome::Failed(..) => OutcomeKind::Failed,
+                Outcome::Unknown(..) => OutcomeKind::Unknown,
+            };
+            audit.outcomes.push((x, kind));
+        }
         match outcome {
             Outcome::Committed => self.counts.committed += 1,
             Outcome::Failed(text, cause) | Outcome::Unknown(text, cause) => {

@@ -1,0 +1,437 @@
+//! Model rules, each tested on its own (defaults cite `shared/reference/matrixone.md`).
+
+use super::workload::LockResult;
+use super::*;
+use crate::scenario::Scenario;
+use proptest::prelude::*;
+
+const BASE: &str = "
+name: rules
+duration: 20m
+topology:
+  version: v1
+  cn_groups: [{name: cn, replicas: 2}]
+workload: {clients: 4, txn_rate: 10, tables: [a, b]}
+";
+
+fn sim(yaml: &str) -> Simulation {
+    let scenario = Scenario::from_yaml(yaml).expect("test scenario parses");
+    Simulation::new(
+        scenario,
+        RunOptions {
+            record_events: true,
+            audit: true,
+        },
+    )
+}
+
+fn secs(s: u64) -> Millis {
+    Millis::from_secs(s)
+}
+
+fn run_to(s: &mut Simulation, t: Millis) {
+    s.run_until(t, &mut |_| {});
+}
+
+fn pod(s: &Simulation, name: &str) -> PodId {
+    s.pod_by_name[name]
+}
+
+fn crash(s: &mut Simulation, name: &str) {
+    let p = pod(s, name);
+    s.crash_process(p, Cause::Involuntary, false);
+}
+
+fn failures(s: &Simulation) -> u64 {
+    s.counts.failed_definite + s.counts.unknown
+}
+
+#[test]
+fn two_of_three_log_replicas_down_means_no_commit() {
+    let mut s = sim(BASE);
+    run_to(&mut s, secs(10));
+    assert!(
+        s.counts.committed > 0,
+        "the workload commits while LOG is healthy"
+    );
+    crash(&mut s, "log-1");
+    crash(&mut s, "log-2");
+    // Let appends already accepted by the WAL finish.
+    run_to(&mut s, secs(10) + Millis(50));
+    let committed = s.counts.committed;
+    assert!(!s.shards[0].can_commit() && !s.shards[1].can_commit());
+    run_to(&mut s, secs(100));
+    assert_eq!(
+        s.counts.committed, committed,
+        "no commit without a majority"
+    );
+    assert!(!s.hakeeper_available());
+}
+
+#[test]
+fn one_of_three_log_replicas_down_keeps_committing() {
+    let mut s = sim(BASE);
+    run_to(&mut s, secs(10));
+    crash(&mut s, "log-0"); // the leader: an election follows
+    run_to(&mut s, secs(11));
+    assert!(!s.shards[1].can_commit(), "no leader during the election");
+    run_to(&mut s, secs(20));
+    assert!(s.shards[1].can_commit());
+    let committed = s.counts.committed;
+    run_to(&mut s, secs(60));
+    assert!(s.counts.committed > committed);
+    assert!(s.tn_fatal_exit_times.is_empty());
+}
+
+#[test]
+fn wal_fatal_exactly_after_three_minutes_without_a_leader() {
+    let mut s = sim(BASE);
+    run_to(&mut s, secs(10));
+    crash(&mut s, "log-1");
+    crash(&mut s, "log-2");
+    run_to(&mut s, secs(190) - Millis(1));
+    assert!(s.tn_fatal_exit_times.is_empty(), "tries go on until 3 min");
+    run_to(&mut s, secs(190));
+    assert_eq!(s.tn_fatal_exit_times, vec![secs(190)]);
+    // CrashLoopBackOff 10 s, then the TN waits 2 min for HAKeeper and exits again;
+    // the next backoff doubles to 20 s.
+    run_to(&mut s, secs(500));
+    assert_eq!(
+        s.tn_fatal_exit_times,
+        vec![secs(190), secs(190 + 10 + 120), secs(320 + 20 + 120)]
+    );
+}
+
+#[test]
+fn wal_tolerance_is_configurable() {
+    let yaml = format!("{BASE}timings: {{wal_total_timeout: 5m}}\n");
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(10));
+    crash(&mut s, "log-1");
+    crash(&mut s, "log-2");
+    run_to(&mut s, secs(400));
+    assert_eq!(s.tn_fatal_exit_times.first(), Some(&secs(310)));
+}
+
+#[test]
+fn binds_move_ten_seconds_after_the_owner_dies() {
+    let yaml = format!("{BASE}lock_tables: [{{table: a, owner: cn-1}}]\n")
+        .replace("tables: [a, b]", "tables: [a]");
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(10));
+    let owner = Instance {
+        pod: pod(&s, "cn-1"),
+        epoch: s.pods[pod(&s, "cn-1")].epoch,
+    };
+    assert_eq!(s.tn.allocator.binds["a"].owner, owner);
+    crash(&mut s, "cn-1");
+    run_to(&mut s, secs(20) - Millis(1));
+    assert_eq!(
+        s.tn.allocator.binds["a"].owner, owner,
+        "still bound to the dead owner"
+    );
+    assert!(
+        s.errors_by_kind
+            .keys()
+            .any(|e| e.contains("cn-1:6003") && e.contains("connection refused")),
+        "{:?}",
+        s.errors_by_kind
+    );
+    run_to(&mut s, secs(21));
+    let cn0 = pod(&s, "cn-0");
+    assert_eq!(
+        s.tn.allocator.binds["a"].owner.pod, cn0,
+        "rebound to the live CN"
+    );
+    let failed = failures(&s);
+    run_to(&mut s, secs(60));
+    assert_eq!(failures(&s), failed, "no failure once the bind has moved");
+}
+
+#[test]
+fn handshake_refuses_new_locks_but_lets_active_transactions_finish() {
+    let yaml = format!("{BASE}lock_tables: [{{table: a, owner: cn-1}}]\n")
+        .replace("tables: [a, b]", "tables: [a]");
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(10));
+    let cn1 = pod(&s, "cn-1");
+    let cn0 = pod(&s, "cn-0");
+    let uuid = s.cns[&cn1].uuid.clone();
+    // An active transaction (already holding a lock on cn-1's table) and a new one.
+    let cn0_instance = Instance {
+        pod: cn0,
+        epoch: s.cns[&cn0].epoch,
+    };
+    for x in [900_001, 900_002] {
+        s.txns.insert(
+            x,
+            Txn {
+                client: 0,
+                cn: cn0_instance,
+                tables: vec![0],
+                next_stmt: 0,
+                stage: TxnStage::Statements,
+                locks: vec![],
+                lock_wait_deadline: None,
+                reported: true,
+            },
+        );
+    }
+    s.cns.get_mut(&cn1).unwrap().holders.insert(900_001);
+    s.set_restart_service(&uuid).unwrap();
+    run_to(&mut s, secs(11) + Millis(1));
+    assert_eq!(s.cns[&cn1].restart_mode, RestartMode::Waiting);
+    assert!(matches!(s.acquire_lock(900_002, 0), LockResult::Retry));
+    assert!(matches!(s.acquire_lock(900_001, 0), LockResult::Granted(_)));
+    assert_eq!(
+        s.observe().lock_allocator.unwrap().restarting[&uuid].can_restart,
+        false
+    );
+    // The active transactions end: the tables are handed over, the CN may restart.
+    s.txns.remove(&900_001);
+    s.txns.remove(&900_002);
+    s.cns.get_mut(&cn1).unwrap().holders.remove(&900_001);
+    s.check_unlock(cn1);
+    run_to(&mut s, secs(11) + Millis(500));
+    assert_eq!(s.cns[&cn1].restart_mode, RestartMode::UnlockSuccess);
+    assert!(s.observe().lock_allocator.unwrap().restarting[&uuid].can_restart);
+    run_to(&mut s, secs(30));
+    assert_eq!(s.tn.allocator.binds["a"].owner.pod, cn0, "others rebind");
+    assert_eq!(failures(&s), 0, "the handshake costs no transaction");
+    assert_eq!(s.cns[&cn1].confirmed_epoch, Some(s.cns[&cn1].epoch));
+}
+
+#[test]
+fn handshake_is_keyed_by_uuid_so_a_restarted_instance_looks_confirmed() {
+    // The hazard the reports describe: CanRestartService answers for a UUID, not an instance.
+    let mut s = sim(BASE);
+    run_to(&mut s, secs(5));
+    let cn1 = pod(&s, "cn-1");
+    let uuid = s.cns[&cn1].uuid.clone();
+    s.set_restart_service(&uuid).unwrap();
+    run_to(&mut s, secs(10));
+    assert!(s.observe().lock_allocator.unwrap().restarting[&uuid].can_restart);
+    crash(&mut s, "cn-1");
+    let p = pod(&s, "cn-1");
+    s.start_process(p);
+    run_to(&mut s, secs(30));
+    let new_epoch = s.cns[&p].epoch;
+    assert_eq!(s.cns[&p].phase, CnPhase::Running);
+    assert_ne!(s.cns[&p].confirmed_epoch, Some(new_epoch));
+    assert!(
+        s.observe().lock_allocator.unwrap().restarting[&uuid].can_restart,
+        "the old answer still stands for the new instance"
+    );
+}
+
+#[test]
+fn expired_cn_loses_its_draining_mark() {
+    let yaml = format!("{BASE}events:\n  - at: 10s\n    hakeeper_outage: {{duration: 40s}}\n");
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(5));
+    let uuid = s.cns[&pod(&s, "cn-1")].uuid.clone();
+    s.apply_action(&mo_core::Action::SetCnWorkState {
+        uuid: uuid.clone(),
+        state: WorkState::Draining,
+    })
+    .unwrap();
+    run_to(&mut s, secs(30));
+    assert_eq!(s.hakeeper.cns[&uuid].work_state, WorkState::Draining);
+    run_to(&mut s, secs(45));
+    assert!(
+        !s.hakeeper.cns.contains_key(&uuid),
+        "expired after 30 s without heartbeats"
+    );
+    run_to(&mut s, secs(52));
+    assert_eq!(s.hakeeper.cns[&uuid].work_state, WorkState::Working);
+}
+
+#[test]
+fn update_on_unknown_cn_says_does_not_exist() {
+    let mut s = sim(BASE);
+    let err = s
+        .apply_action(&mo_core::Action::SetCnWorkState {
+            uuid: "nope".into(),
+            state: WorkState::Draining,
+        })
+        .unwrap_err();
+    assert_eq!(
+        err,
+        mo_core::ActionError::DoesNotExist("CN [nope] does not exist".into())
+    );
+    // DeleteCNStore of an unknown CN is a no-op.
+    assert!(
+        s.apply_action(&mo_core::Action::DeleteCnStore {
+            uuid: "nope".into()
+        })
+        .is_ok()
+    );
+}
+
+#[test]
+fn proxy_moves_sessions_off_a_draining_cn_between_transactions() {
+    let mut s = sim(BASE);
+    run_to(&mut s, secs(10));
+    let cn1 = pod(&s, "cn-1");
+    assert!(!s.cns[&cn1].sessions.is_empty());
+    let uuid = s.cns[&cn1].uuid.clone();
+    s.apply_action(&mo_core::Action::SetCnWorkState {
+        uuid,
+        state: WorkState::Draining,
+    })
+    .unwrap();
+    run_to(&mut s, secs(10) + Millis(1_999));
+    assert!(
+        !s.cns[&cn1].sessions.is_empty(),
+        "moves only after refresh + rebalance"
+    );
+    run_to(&mut s, secs(25));
+    assert!(s.cns[&cn1].sessions.is_empty());
+    assert_eq!(failures(&s), 0);
+}
+
+#[test]
+fn pdb_refuses_eviction_with_429_and_the_evictor_retries() {
+    let yaml = format!(
+        "{BASE}pdbs: [{{component: cn, max_unavailable: 0}}]\nevents:\n  - at: 10s\n    evict: {{pod: cn-1, source: kubectl-drain}}\n"
+    );
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(60));
+    let refusals = s
+        .event_log()
+        .iter()
+        .filter(|l| l.contains("eviction of cn-1") && l.contains("429"))
+        .count();
+    assert!(refusals >= 10, "retried every 5 s: {refusals}");
+    assert!(s.pods[pod(&s, "cn-1")].deletion.is_none());
+}
+
+#[test]
+fn legacy_allows_every_eviction_and_the_observer_counts_it() {
+    let yaml =
+        format!("{BASE}events:\n  - at: 10s\n    evict: {{pod: cn-1, source: kubectl-drain}}\n");
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(60));
+    assert_eq!(s.unsafe_actions.pod_deleted_without_drain_confirmation, 1);
+    // The StatefulSet recreates the pod (new UID, same name and CN UUID).
+    let p = pod(&s, "cn-1");
+    assert_eq!(s.cns[&p].phase, CnPhase::Running);
+}
+
+#[test]
+fn node_failure_reschedules_pods_after_the_eviction_timeout() {
+    let yaml = format!("{BASE}events:\n  - at: 10s\n    node_failure: {{node: node-6}}\n");
+    let mut s = sim(&yaml);
+    let before = s.pods[pod(&s, "cn-1")].node;
+    assert_eq!(s.nodes[before].name, "node-6");
+    run_to(&mut s, secs(300));
+    assert!(
+        !s.pods[pod(&s, "cn-1")].process_alive,
+        "still on the dead node"
+    );
+    run_to(&mut s, secs(330));
+    let p = pod(&s, "cn-1");
+    assert_ne!(s.pods[p].node, before);
+    assert_eq!(s.cns[&p].phase, CnPhase::Running);
+    assert_eq!(
+        s.unsafe_actions.total(),
+        0,
+        "involuntary: not an operator action"
+    );
+}
+
+#[test]
+fn consolidation_agent_retries_refused_evictions() {
+    let yaml = "
+name: agent
+duration: 3m
+topology:
+  version: v1
+  cn_groups:
+    - {name: cn, replicas: 2}
+    - {name: pool, pool: true, replicas: 1}
+pdbs: [{component: cn, max_unavailable: 0}]
+consolidation: {start: 30s, retry: 10s}
+";
+    let mut s = sim(yaml);
+    run_to(&mut s, secs(180));
+    let refusals = s
+        .event_log()
+        .iter()
+        .filter(|l| l.contains("eviction of pool-0 by consolidation-agent: 429"))
+        .count();
+    assert!(refusals >= 10, "{refusals}");
+}
+
+#[test]
+fn restarted_cn_with_the_fault_never_registers() {
+    let yaml = format!(
+        "{BASE}events:\n  - at: 1s\n    fault: {{cn_never_heartbeats_after_restart: true}}\n  - at: 10s\n    delete_pod: {{pod: cn-1}}\n"
+    );
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(120));
+    let p = pod(&s, "cn-1");
+    assert_eq!(s.cns[&p].phase, CnPhase::Running);
+    assert!(s.pods[p].ready, "answers SQL: Ready");
+    let uuid = s.cns[&p].uuid.clone();
+    assert!(
+        !s.hakeeper.cns.contains_key(&uuid),
+        "never heartbeats, so expired and gone"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Whatever faults hit the cluster, each transaction is told exactly one outcome, and a
+    /// client is told "committed" only for a transaction that really committed.
+    #[test]
+    fn every_transaction_gets_one_outcome_and_committed_means_committed(
+        seed in 0u64..1_000,
+        faults in proptest::collection::vec((0u64..240, 0usize..6), 0..5),
+    ) {
+        let mut events = String::from("events:\n");
+        for (at, kind) in &faults {
+            let event = match kind {
+                0 => "cn_crash: {pod: cn-0}".to_string(),
+                1 => "cn_crash: {pod: cn-1}".to_string(),
+                2 => "node_failure: {node: node-2}".to_string(),
+                3 => "delete_pod: {pod: log-0}".to_string(),
+                4 => "hakeeper_outage: {duration: 20s}".to_string(),
+                _ => "delete_pod: {pod: tn-0}".to_string(),
+            };
+            events.push_str(&format!("  - at: {at}s\n    {event}\n"));
+        }
+        let yaml = format!("{}seed: {seed}\n{}", BASE.replace("duration: 20m", "duration: 5m"),
+            if faults.is_empty() { String::new() } else { events });
+        let mut s = sim(&yaml);
+        let report = s.run(&mut |_| {});
+        let audit = s.audit().unwrap();
+        let mut seen = BTreeSet::new();
+        for (x, _) in &audit.outcomes {
+            prop_assert!(seen.insert(*x), "txn {x} told two outcomes");
+        }
+        let truth: BTreeSet<u64> = audit.truth_committed.iter().copied().collect();
+        for (x, kind) in &audit.outcomes {
+            if *kind == OutcomeKind::Committed {
+                prop_assert!(truth.contains(x), "txn {x} told committed but did not commit");
+            }
+        }
+        let t = &report.txns;
+        prop_assert_eq!(t.committed + t.failed_definite + t.unknown, audit.outcomes.len() as u64);
+    }
+
+    /// A shard commits exactly when it has a leader and a caught-up majority.
+    #[test]
+    fn shard_commit_rule(states in proptest::collection::vec(0u8..3, 1..7), leader in proptest::option::of(0usize..7)) {
+        let replicas: Vec<Replica> = states.iter().enumerate().map(|(i, st)| Replica {
+            store: format!("log-{i}"),
+            state: match st { 0 => ReplicaState::Down, 1 => ReplicaState::Joined { caught_up: false }, _ => ReplicaState::Joined { caught_up: true } },
+            epoch: 1,
+        }).collect();
+        let leader = leader.filter(|l| *l < replicas.len());
+        let shard = Shard { id: 1, replicas, leader, term: 1, election_scheduled: false };
+        let caught_up = states.iter().filter(|s| **s == 2).count();
+        prop_assert_eq!(shard.can_commit(), leader.is_some() && caught_up > states.len() / 2);
+    }
+}
