@@ -2,6 +2,7 @@
 
 use crate::component::Component;
 use crate::observe::WorkState;
+use crate::time::Millis;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -19,12 +20,18 @@ pub enum Action {
         uid: String,
         reason: String,
     },
-    /// Set the pod's version in its workload and delete it; the workload recreates it.
-    RestartPod {
-        pod: String,
-        uid: String,
-        version: String,
-    },
+        /// Set the pod's version in its workload and delete it; the workload recreates it.
+    RestartPod { pod: String, uid: String, version: String },
+    /// Pull an image onto a node ahead of the restart that needs it.
+    PrePullImage { node: String, version: String },
+    /// Move a LOG shard's leadership to another (caught-up) replica.
+    TransferLogLeader { shard_id: u64, to_store: String },
+    /// Widen (or, with `None`, restore) the TN's total WAL-append tolerance.
+    SetTnWalTolerance { total: Option<Millis> },
+    /// Instance-bound drain (the protocol the incident reports ask the kernel for).
+    /// Answers a drain id ([`ActionOutput::DrainId`]).
+    BeginDrain { uuid: String, start_epoch: u64 },
+    CancelDrain { drain_id: u64 },
 }
 
 impl Action {
@@ -35,6 +42,10 @@ impl Action {
             | Action::SetRestartService { uuid }
             | Action::DeleteCnStore { uuid } => uuid,
             Action::DeletePod { pod, .. } | Action::RestartPod { pod, .. } => pod,
+            Action::PrePullImage { node, .. } => node,
+            Action::TransferLogLeader { to_store, .. } => to_store,
+            Action::SetTnWalTolerance { .. } | Action::CancelDrain { .. } => "tn",
+            Action::BeginDrain { uuid, .. } => uuid,
         }
     }
 }
@@ -51,12 +62,23 @@ pub enum ActionError {
     /// The object is not the instance the action named (UID precondition failed).
     #[error("conflict: {0}")]
     Conflict(String),
+    /// The kernel does not offer this call.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+}
+
+/// What a successful action answered, when it answers something.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "output", rename_all = "snake_case")]
+pub enum ActionOutput {
+    Done,
+    DrainId { drain_id: u64 },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ActionResult {
     pub action: Action,
-    pub result: Result<(), ActionError>,
+    pub result: Result<ActionOutput, ActionError>,
 }
 
 /// Progress a policy reports about itself (the simulator records them; the operator turns them

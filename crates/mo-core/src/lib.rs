@@ -11,10 +11,11 @@ pub mod policy;
 pub mod strategy;
 pub mod time;
 
-pub use action::{Action, ActionError, ActionResult, Decision, PolicyNote};
+pub use action::{Action, ActionError, ActionOutput, ActionResult, Decision, PolicyNote};
 pub use component::Component;
 pub use observe::{
-    AllocatorView, ClusterDetails, CnActivity, CnStoreView, DesiredState, EvictionRequest,
+    AllocatorView, ClusterDetails, CnActivity, CnStoreView, DesiredState, DrainAnswer,
+    EvictionRequest,
     LogReplicaView, LogShardView, Observation, ObservationError, PodObservation, PodPhase,
     PoolPhase, RemovalReason, RemovalRequest, RestartAnswer, TnStoreView, UpgradeSpec, WorkState,
 };

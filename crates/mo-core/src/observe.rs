@@ -116,10 +116,28 @@ pub struct RestartAnswer {
     pub remaining_txns: i64,
 }
 
+/// `QueryDrain(id)` of the instance-bound drain protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum DrainAnswer {
+    /// Tables not yet handed over; `remaining_txns` still hold locks on the instance.
+    Pending { remaining_txns: u64 },
+    /// That exact instance handed every table over and no transaction remains.
+    Done,
+    Cancelled,
+    /// The instance the drain was bound to is no longer running.
+    InstanceGone,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocatorView {
     /// Only UUIDs for which `SetRestartService` was called appear here.
     pub restarting: BTreeMap<String, RestartAnswer>,
+    /// The kernel offers `BeginDrain` / `QueryDrain` / `CancelDrain`.
+    pub drain_protocol: bool,
+    /// `QueryDrain(id)` for every drain id the allocator knows (ids are lost when the TN
+    /// restarts: an id missing here is "unknown", never "done").
+    pub drains: BTreeMap<u64, DrainAnswer>,
 }
 
 /// What a CN's query service reports (ShowProcessList, GetPipelineInfo, GetReplicaCount).
@@ -178,6 +196,10 @@ pub struct Observation {
     pub lock_allocator: Result<AllocatorView, ObservationError>,
     /// Per CN pod name.
     pub cn_activity: BTreeMap<String, Result<CnActivity, ObservationError>>,
+    /// Per proxy pod: how many Working CNs it can route new sessions to.
+    pub proxy_routes: BTreeMap<String, Result<u32, ObservationError>>,
+    /// Images present on each node (`node.status.images`).
+    pub node_images: BTreeMap<String, Vec<String>>,
     pub desired: DesiredState,
 }
 

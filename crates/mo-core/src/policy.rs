@@ -34,4 +34,10 @@ pub trait Policy {
         observation: &Observation,
         request: &EvictionRequest,
     ) -> EvictionVerdict;
+
+    /// The progress record to persist after this call, before its actions take effect
+    /// (`None`: the policy keeps nothing across restarts).
+    fn progress_record(&self) -> Option<String> {
+        None
+    }
 }

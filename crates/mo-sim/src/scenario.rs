@@ -41,6 +41,9 @@ pub struct Scenario {
     pub policy: String,
     #[serde(default)]
     pub legacy: LegacyOptions,
+    /// What the simulated kernel offers beyond today's MatrixOne.
+    #[serde(default)]
+    pub kernel: KernelOptions,
     pub topology: Topology,
     /// Lock tables already bound when the run starts (e.g. to a pooled CN that is Idle now).
     #[serde(default)]
@@ -82,6 +85,13 @@ impl Default for LegacyOptions {
             drain_min: Dur::secs(15),
         }
     }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KernelOptions {
+    /// The instance-bound `BeginDrain` / `QueryDrain` / `CancelDrain` the reports ask for.
+    pub drain_protocol: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -231,6 +241,16 @@ pub struct EventSpec {
     pub fault: Option<FaultToggle>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hakeeper_outage: Option<Outage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_restart: Option<OperatorRestart>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorRestart {
+    /// The operator dies after recording its next decision but before acting on it.
+    #[serde(default)]
+    pub drop_pending_actions: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -314,9 +334,8 @@ pub enum EventKind {
     Fault {
         cn_never_heartbeats_after_restart: bool,
     },
-    HakeeperOutage {
-        duration: Dur,
-    },
+        HakeeperOutage { duration: Dur },
+    OperatorRestart { drop_pending_actions: bool },
 }
 
 impl EventSpec {
@@ -369,12 +388,18 @@ impl EventSpec {
                 duration: o.duration,
             });
         }
+        if let Some(o) = &self.operator_restart {
+            kinds.push(EventKind::OperatorRestart {
+                drop_pending_actions: o.drop_pending_actions,
+            });
+        }
         if kinds.len() != 1 {
             return Err(field_err(
                 format!("events[{index}]"),
                 format!(
                     "give exactly one of evict, drain_node, scale_in, claim_release, upgrade, \
-                     node_failure, cn_crash, delete_pod, fault, hakeeper_outage (found {})",
+                     node_failure, cn_crash, delete_pod, fault, hakeeper_outage, \
+                     operator_restart (found {})",
                     kinds.len()
                 ),
             ));
@@ -629,7 +654,9 @@ impl Scenario {
                         ));
                     }
                 }
-                EventKind::Fault { .. } | EventKind::HakeeperOutage { .. } => {}
+                EventKind::Fault { .. }
+                | EventKind::HakeeperOutage { .. }
+                | EventKind::OperatorRestart { .. } => {}
             }
         }
         Ok(())

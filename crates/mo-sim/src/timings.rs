@@ -8,8 +8,10 @@ use serde::{Deserialize, Serialize};
 #[serde(default, deny_unknown_fields)]
 pub struct Timings {
     // --- Kubernetes ---
-    /// Pending → Running: scheduling, image pull, container create.
-    pub pod_start: Dur,
+    /// Pulling a new image onto a node (once per node and version).
+    pub image_pull: Dur,
+    /// Pending → Running once the image is on the node: scheduling, container create.
+    pub container_start: Dur,
     /// From the API delete to the kubelet running preStop / sending SIGTERM.
     pub kubelet_stop_delay: Dur,
     /// `terminationGracePeriodSeconds` (Kubernetes default 30 s).
@@ -27,6 +29,8 @@ pub struct Timings {
     pub log_catch_up: Dur,
     /// Election after leader loss.
     pub log_election: Dur,
+    /// A requested leadership transfer to a caught-up replica.
+    pub log_leader_transfer: Dur,
     pub log_shutdown: Dur,
 
     // --- HAKeeper expiry (reference: "HAKeeper") ---
@@ -48,7 +52,8 @@ pub struct Timings {
 
     // --- CN and lock service (reference: "Lock service") ---
     pub cn_start: Dur,
-    /// CN waits ≤ 5 min for HAKeeper, then ≤ 30 s for a TN, else it panics at start.
+    /// CN waits ≤ 5 min for HAKeeper, then ≤ 30 s for a TN, else it panics at start; a
+    /// running CN also retries TN requests (commit, lock-table allocation) for `cn_tn_wait`.
     pub cn_hakeeper_wait: Dur,
     pub cn_tn_wait: Dur,
     pub bind_keepalive: Dur,
@@ -73,7 +78,8 @@ pub struct Timings {
 impl Default for Timings {
     fn default() -> Self {
         Timings {
-            pod_start: Dur::secs(5),
+            image_pull: Dur::secs(30),
+            container_start: Dur::secs(5),
             kubelet_stop_delay: Dur::ms(900),
             termination_grace: Dur::secs(30),
             crash_backoff_initial: Dur::secs(10),
@@ -82,6 +88,7 @@ impl Default for Timings {
             log_rejoin: Dur::secs(30),
             log_catch_up: Dur::secs(60),
             log_election: Dur::secs(5),
+            log_leader_transfer: Dur::ms(500),
             log_shutdown: Dur::secs(2),
             cn_expiry: Dur::secs(30),
             tn_expiry: Dur::secs(10),

@@ -36,6 +36,34 @@ impl Simulation {
         id
     }
 
+    /// Starts pulling `version` onto `node` unless it is there or on its way.
+    pub(crate) fn pull_image(&mut self, node: usize, version: &str) -> Millis {
+        if self.node_images[node].contains(version) {
+            return self.now;
+        }
+        let key = (node, version.to_string());
+        if let Some(&at) = self.pulls.get(&key) {
+            return at;
+        }
+        let at = self.now + self.t.image_pull.millis();
+        self.pulls.insert(key, at);
+        let index = match self.versions.iter().position(|v| v == version) {
+            Some(i) => i,
+            None => {
+                self.versions.push(version.to_string());
+                self.versions.len() - 1
+            }
+        };
+        self.schedule(at, Ev::ImagePulled(node, index));
+        at
+    }
+
+    /// Time until a new pod of `version` runs on `node`: the pull (if any), then the start.
+    fn start_delay(&mut self, node: usize, version: &str) -> Millis {
+        let ready_at = self.pull_image(node, version);
+        (ready_at - self.now) + self.t.container_start.millis()
+    }
+
     pub(crate) fn live_pods(&self) -> impl Iterator<Item = PodId> + '_ {
         (0..self.pods.len()).filter(|&p| self.pods[p].status != PodStatus::Gone)
     }
@@ -144,7 +172,7 @@ impl Simulation {
                 self.after(self.t.log_shutdown, Ev::ProcessExit(p, epoch));
             }
             Component::Tn => {
-                self.tn_stop("TN shutting down: connection closed");
+                self.tn_begin_stop();
                 self.after(self.t.tn_shutdown, Ev::ProcessExit(p, epoch));
             }
             Component::Cn => {
@@ -203,7 +231,12 @@ impl Simulation {
         match self.pods[p].component {
             Component::Cn => self.cn_process_exited(p),
             Component::Proxy => self.proxy_process_exited(p),
-            Component::Log | Component::Tn => {}
+            Component::Tn => {
+                if self.tn.phase != TnPhase::Down {
+                    self.tn_stop("TN connection lost: EOF");
+                }
+            }
+            Component::Log => {}
         }
         self.update_route_state();
     }
@@ -271,7 +304,9 @@ impl Simulation {
             };
             let id = self.create_pod(&name, component, node);
             self.copy_membership(p, id);
-            self.after(self.t.pod_start, Ev::PodStart(id));
+            let version = self.pods[id].version.clone();
+            let delay = self.start_delay(node, &version);
+            self.schedule(self.now + delay, Ev::PodStart(id));
         }
     }
 

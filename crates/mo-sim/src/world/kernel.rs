@@ -63,6 +63,10 @@ impl Simulation {
                     self.shards[s].replicas[r].state = ReplicaState::Down;
                     if self.shards[s].leader == Some(r) {
                         self.shards[s].leader = None;
+                        // Catching up needs a leader: every lagging replica starts over.
+                        for replica in &mut self.shards[s].replicas {
+                            replica.catch_up_generation += 1;
+                        }
                         let id = self.shards[s].id;
                         self.log("raft", || format!("shard {id}: leader {store} lost"));
                         self.maybe_schedule_election(s);
@@ -84,14 +88,14 @@ impl Simulation {
             format!("shard {id}: {store} rejoined, catching up")
         });
         if self.shards[s].leader.is_some() {
-            let term = self.shards[s].term;
+            let generation = self.shards[s].replicas[r].catch_up_generation;
             self.after(
                 self.t.log_catch_up,
                 Ev::LogCaughtUp {
                     shard: s,
                     replica: r,
                     epoch,
-                    term,
+                    generation,
                 },
             );
         } else {
@@ -99,12 +103,12 @@ impl Simulation {
         }
     }
 
-    /// Catching up needs the same leader for the whole catch-up time (`term` must not change).
-    pub(crate) fn log_caught_up(&mut self, s: usize, r: usize, epoch: u64, term: u64) {
+    /// Catching up needs a leader for the whole catch-up time (no leaderless gap).
+    pub(crate) fn log_caught_up(&mut self, s: usize, r: usize, epoch: u64, generation: u64) {
         let shard = &self.shards[s];
         let replica = &shard.replicas[r];
         if replica.epoch != epoch
-            || shard.term != term
+            || replica.catch_up_generation != generation
             || shard.leader.is_none()
             || replica.state != (ReplicaState::Joined { caught_up: false })
         {
@@ -147,23 +151,23 @@ impl Simulation {
         shard.replicas[leader].state = ReplicaState::Joined { caught_up: true };
         let term = shard.term;
         let (id, store) = (shard.id, shard.replicas[leader].store.clone());
-        let lagging: Vec<(usize, u64)> = joined
+        let lagging: Vec<(usize, u64, u64)> = joined
             .iter()
             .copied()
             .filter(|&r| shard.replicas[r].state == ReplicaState::Joined { caught_up: false })
-            .map(|r| (r, shard.replicas[r].epoch))
+            .map(|r| (r, shard.replicas[r].epoch, shard.replicas[r].catch_up_generation))
             .collect();
         self.log("raft", || {
             format!("shard {id}: {store} elected leader (term {term})")
         });
-        for (r, epoch) in lagging {
+        for (r, epoch, generation) in lagging {
             self.after(
                 self.t.log_catch_up,
                 Ev::LogCaughtUp {
                     shard: s,
                     replica: r,
                     epoch,
-                    term,
+                    generation,
                 },
             );
         }
@@ -204,7 +208,7 @@ impl Simulation {
                 self.tn.wal_generation += 1;
                 self.log("tn", || "WAL appends resume".into());
             }
-            if self.tn.phase == TnPhase::Running {
+            if matches!(self.tn.phase, TnPhase::Running | TnPhase::Stopping) {
                 let waiting = self.tn.wal_waiting.clone();
                 for x in waiting {
                     self.after(self.t.wal_append_latency, Ev::WalDone(x));
@@ -302,15 +306,77 @@ impl Simulation {
     // ---------------------------------------------------------------- TN
 
     pub(crate) fn wal_total_timeout(&self) -> Millis {
-        self.t.wal_total_timeout.millis()
+        self.tn_wal_tolerance
+            .unwrap_or(self.t.wal_total_timeout.millis())
+    }
+
+    /// Leadership moves to a caught-up replica without a leaderless gap.
+    pub(crate) fn transfer_leader(
+        &mut self,
+        shard_id: u64,
+        to_store: &str,
+    ) -> Result<(), mo_core::ActionError> {
+        use mo_core::ActionError;
+        let s = self
+            .shards
+            .iter()
+            .position(|x| x.id == shard_id)
+            .ok_or_else(|| ActionError::DoesNotExist(format!("shard {shard_id}")))?;
+        if !self.shards[0].can_commit() {
+            return Err(ActionError::Unavailable("HAKeeper shard has no leader".into()));
+        }
+        let shard = &self.shards[s];
+        let to = shard
+            .replicas
+            .iter()
+            .position(|r| r.store == to_store)
+            .ok_or_else(|| ActionError::DoesNotExist(format!("{to_store} in shard {shard_id}")))?;
+        if shard.leader.is_none() {
+            return Err(ActionError::Unavailable(format!("shard {shard_id} has no leader")));
+        }
+        if shard.replicas[to].state != (ReplicaState::Joined { caught_up: true }) {
+            return Err(ActionError::Conflict(format!("{to_store} is not caught up")));
+        }
+        let term = shard.term;
+        self.after(self.t.log_leader_transfer, Ev::LeaderTransfer { shard: s, to, term });
+        Ok(())
+    }
+
+    pub(crate) fn log_leader_transferred(&mut self, s: usize, to: usize, term: u64) {
+        let shard = &mut self.shards[s];
+        if shard.term != term
+            || shard.leader.is_none()
+            || shard.replicas[to].state != (ReplicaState::Joined { caught_up: true })
+        {
+            return;
+        }
+        shard.leader = Some(to);
+        shard.term += 1;
+        let (id, store, term) = (shard.id, shard.replicas[to].store.clone(), shard.term);
+        self.log("raft", || format!("shard {id}: leadership transferred to {store} (term {term})"));
     }
 
     pub(crate) fn tn_process_started(&mut self, p: PodId, epoch: u64) {
         self.tn.pod = p;
         self.tn.epoch = epoch;
         self.tn.phase = TnPhase::WaitingForHakeeper;
-        // The allocator lives in memory: a restart starts a new allocator epoch.
+        // The allocator lives in memory: a restart starts a new allocator epoch. Its binds are
+        // rebuilt from the owners' keepalives (binds of owners that died are gone); restart
+        // marks and drain ids are lost.
+        let live: Vec<(String, Bind)> = std::mem::take(&mut self.tn.allocator.binds)
+            .into_iter()
+            .filter(|(_, b)| {
+                self.cns
+                    .get(&b.owner.pod)
+                    .is_some_and(|c| c.epoch == b.owner.epoch && c.lock_open)
+            })
+            .collect();
         self.tn.allocator = Allocator::default();
+        self.tn.allocator.binds = live.into_iter().collect();
+        self.kernel_drains.clear();
+        for cn in self.cns.values_mut() {
+            cn.kernel_drain = None;
+        }
         self.tn.wal_waiting.clear();
         self.tn.wal_blocked_since = None;
         self.tn.wal_generation += 1;
@@ -386,6 +452,16 @@ impl Simulation {
         self.crash_process(p, Cause::Involuntary, true);
     }
 
+    /// SIGTERM: the TN admits no new commit (CNs retry) and finishes the appends it has.
+    pub(crate) fn tn_begin_stop(&mut self) {
+        if self.tn.phase == TnPhase::Running {
+            self.tn.phase = TnPhase::Stopping;
+            self.log("tn", || "stopping: no new commits".into());
+        } else {
+            self.tn_stop("TN shutting down: connection closed");
+        }
+    }
+
     /// The TN stops serving: commits in flight end unknown (the client cannot tell).
     pub(crate) fn tn_stop(&mut self, error: &str) {
         self.tn.phase = TnPhase::Down;
@@ -412,6 +488,7 @@ impl Simulation {
             holders: BTreeSet::new(),
             sessions: BTreeSet::new(),
             confirmed_epoch: None,
+            kernel_drain: None,
             stop_cause: Cause::Voluntary,
         });
         cn.phase = CnPhase::Starting;
@@ -419,6 +496,7 @@ impl Simulation {
         cn.lock_open = false;
         cn.heartbeats = heartbeats;
         cn.restart_mode = RestartMode::None;
+        cn.kernel_drain = None;
         cn.holders.clear();
         cn.sessions.clear();
         self.after(self.t.cn_start, Ev::CnStarted(p, epoch));
@@ -555,11 +633,11 @@ impl Simulation {
                 "lock allocator (TN) unavailable".into(),
             ));
         }
+        // A new request starts a fresh handshake for whichever instance holds the UUID.
         self.tn
             .allocator
             .restart_marks
-            .entry(uuid.to_string())
-            .or_default();
+            .insert(uuid.to_string(), RestartMark::default());
         let target: Vec<(PodId, u64)> = self
             .cns
             .iter()
@@ -585,7 +663,7 @@ impl Simulation {
         if cn.epoch != epoch || !cn.lock_open {
             return;
         }
-        if !self.tn.allocator.restart_marks.contains_key(&cn.uuid) {
+        if !self.tn.allocator.restart_marks.contains_key(&cn.uuid) && cn.kernel_drain.is_none() {
             return;
         }
         if cn.restart_mode == RestartMode::None {
@@ -618,6 +696,12 @@ impl Simulation {
         self.tn.allocator.binds.retain(|_, b| b.owner != owner);
         if let Some(mark) = self.tn.allocator.restart_marks.get_mut(&uuid) {
             mark.unlock_success = true;
+        }
+        if let Some(id) = self.cns[&p].kernel_drain
+            && let Some(drain) = self.kernel_drains.get_mut(&id)
+            && drain.state == KernelDrainState::Pending
+        {
+            drain.state = KernelDrainState::Done;
         }
         let name = self.pods[p].name.clone();
         self.log("cn", || {
@@ -750,6 +834,97 @@ impl Simulation {
                 self.drop_session(c);
                 self.attach_session(c, proxy_pod, target);
             }
+        }
+    }
+
+    // ------------------------------------------- Instance-bound drain protocol
+
+    /// `BeginDrain(instance)`: only the live instance with that start epoch can be drained.
+    pub(crate) fn begin_drain(&mut self, uuid: &str, start_epoch: u64) -> Result<u64, mo_core::ActionError> {
+        use mo_core::ActionError;
+        if !self.drain_protocol {
+            return Err(ActionError::Unsupported("BeginDrain".into()));
+        }
+        if self.tn.phase != TnPhase::Running {
+            return Err(ActionError::Unavailable("lock allocator (TN) unavailable".into()));
+        }
+        let Some((&p, cn)) = self
+            .cns
+            .iter()
+            .find(|(_, c)| c.uuid == uuid && c.lock_open)
+        else {
+            return Err(ActionError::DoesNotExist(format!("no running instance of CN {uuid}")));
+        };
+        if cn.epoch != start_epoch {
+            return Err(ActionError::Conflict(format!(
+                "instance mismatch: CN {uuid} runs start epoch {}, not {start_epoch}",
+                cn.epoch
+            )));
+        }
+        if let Some(id) = cn.kernel_drain
+            && self
+                .kernel_drains
+                .get(&id)
+                .is_some_and(|d| d.state != KernelDrainState::Cancelled)
+        {
+            return Ok(id); // idempotent
+        }
+        self.drain_counter += 1;
+        let id = self.drain_counter;
+        let instance = Instance { pod: p, epoch: cn.epoch };
+        self.kernel_drains.insert(
+            id,
+            KernelDrain {
+                instance,
+                state: KernelDrainState::Pending,
+            },
+        );
+        self.cns.get_mut(&p).expect("found above").kernel_drain = Some(id);
+        self.after(self.t.bind_keepalive, Ev::CnKeepalive(p, instance.epoch));
+        let name = self.pods[p].name.clone();
+        self.log("allocator", || format!("BeginDrain({name}, epoch {start_epoch}) -> drain {id}"));
+        Ok(id)
+    }
+
+    pub(crate) fn cancel_drain(&mut self, id: u64) -> Result<(), mo_core::ActionError> {
+        use mo_core::ActionError;
+        if !self.drain_protocol {
+            return Err(ActionError::Unsupported("CancelDrain".into()));
+        }
+        if self.tn.phase != TnPhase::Running {
+            return Err(ActionError::Unavailable("lock allocator (TN) unavailable".into()));
+        }
+        let drain = self
+            .kernel_drains
+            .get_mut(&id)
+            .ok_or_else(|| ActionError::DoesNotExist(format!("drain {id}")))?;
+        drain.state = KernelDrainState::Cancelled;
+        let instance = drain.instance;
+        if let Some(cn) = self.cns.get_mut(&instance.pod)
+            && cn.epoch == instance.epoch
+            && cn.kernel_drain == Some(id)
+        {
+            cn.kernel_drain = None;
+            if !self.tn.allocator.restart_marks.contains_key(&cn.uuid) {
+                cn.restart_mode = RestartMode::None;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn query_drain(&self, drain: &KernelDrain) -> mo_core::DrainAnswer {
+        use mo_core::DrainAnswer;
+        match drain.state {
+            KernelDrainState::Done => DrainAnswer::Done,
+            KernelDrainState::Cancelled => DrainAnswer::Cancelled,
+            KernelDrainState::Pending => match self.cns.get(&drain.instance.pod) {
+                Some(cn) if cn.epoch == drain.instance.epoch && cn.lock_open => {
+                    DrainAnswer::Pending {
+                        remaining_txns: cn.holders.len() as u64,
+                    }
+                }
+                _ => DrainAnswer::InstanceGone,
+            },
         }
     }
 }

@@ -117,7 +117,7 @@ pub(crate) enum Ev {
         shard: usize,
         replica: usize,
         epoch: u64,
-        term: u64,
+        generation: u64,
     },
     LogElection {
         shard: usize,
@@ -134,6 +134,8 @@ pub(crate) enum Ev {
     CnKeepalive(PodId, u64),
     BindInvalidate(PodId, u64),
     ProxyStarted(PodId, u64),
+    ImagePulled(usize, usize),
+    LeaderTransfer { shard: usize, to: usize, term: u64 },
     ClientNext(ClientId),
     StmtDone(ClientId, TxnId),
     CommitAtTn(ClientId, TxnId),
@@ -154,6 +156,8 @@ pub(crate) struct Replica {
     pub state: ReplicaState,
     /// Epoch of the store process that hosts this replica incarnation.
     pub epoch: u64,
+    /// Bumped whenever catching up is interrupted (the shard lost its leader).
+    pub catch_up_generation: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -171,6 +175,8 @@ pub(crate) enum TnPhase {
     WaitingForHakeeper,
     Starting,
     Running,
+    /// SIGTERM received: admits no new commit, finishes the appends it has.
+    Stopping,
 }
 
 #[derive(Clone, Debug)]
@@ -190,6 +196,19 @@ pub(crate) struct Allocator {
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct RestartMark {
     pub unlock_success: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KernelDrainState {
+    Pending,
+    Done,
+    Cancelled,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KernelDrain {
+    pub instance: Instance,
+    pub state: KernelDrainState,
 }
 
 #[derive(Clone, Debug)]
@@ -234,6 +253,8 @@ pub(crate) struct Cn {
     pub sessions: BTreeSet<ClientId>,
     /// The epoch whose handshake reached "unlock success" (confirmation for that instance).
     pub confirmed_epoch: Option<u64>,
+    /// Instance-bound kernel drain in progress, if any.
+    pub kernel_drain: Option<u64>,
     pub stop_cause: Cause,
 }
 
@@ -284,6 +305,8 @@ pub(crate) struct Txn {
     pub stage: TxnStage,
     pub locks: Vec<HeldLock>,
     pub lock_wait_deadline: Option<Millis>,
+    /// The CN retries an unavailable TN until then.
+    pub tn_wait_deadline: Option<Millis>,
     /// Whether the client has been told an outcome.
     pub reported: bool,
 }
@@ -367,6 +390,17 @@ pub struct Simulation {
     pub(crate) cns: BTreeMap<PodId, Cn>,
     pub(crate) proxies: BTreeMap<PodId, Proxy>,
     pub(crate) fault_cn_never_heartbeats: bool,
+    pub(crate) tn_wal_tolerance: Option<Millis>,
+    pub(crate) drain_protocol: bool,
+    pub(crate) kernel_drains: BTreeMap<u64, KernelDrain>,
+    pub(crate) drain_counter: u64,
+    pub(crate) node_images: Vec<BTreeSet<String>>,
+    /// Pulls in progress: (node, version) -> when the image is there.
+    pub(crate) pulls: BTreeMap<(usize, String), Millis>,
+    pub(crate) versions: Vec<String>,
+    pub(crate) policy_record: Option<String>,
+    pub(crate) crash_pending: Option<bool>,
+    pub(crate) operator_restarts: u64,
     pub(crate) upgrade: Option<UpgradeSpec>,
 
     pub(crate) tables: Vec<String>,
@@ -392,7 +426,7 @@ pub struct Simulation {
 impl Simulation {
     /// Builds the world of `scenario` with its policy; the scenario's seed drives every choice.
     pub fn new(scenario: Scenario, options: RunOptions) -> Simulation {
-        let policy = make_policy(&scenario.policy, &scenario)
+        let policy = make_policy(&scenario.policy, &scenario, None)
             .expect("scenario validation accepts only known policies");
         Simulation::with_policy(scenario, policy, options)
     }
@@ -459,6 +493,16 @@ impl Simulation {
             cns: BTreeMap::new(),
             proxies: BTreeMap::new(),
             fault_cn_never_heartbeats: false,
+            tn_wal_tolerance: None,
+            drain_protocol: scenario.kernel.drain_protocol,
+            kernel_drains: BTreeMap::new(),
+            drain_counter: 0,
+            node_images: Vec::new(),
+            pulls: BTreeMap::new(),
+            versions: Vec::new(),
+            policy_record: None,
+            crash_pending: None,
+            operator_restarts: 0,
             upgrade: None,
             tables: scenario.workload.tables.clone(),
             clients: vec![Client::default(); scenario.workload.clients],
@@ -485,6 +529,7 @@ impl Simulation {
     /// The cluster starts healthy: every pod Running and Ready, LOG shards led, CNs registered.
     fn bootstrap(&mut self) {
         let version = self.scenario.topology.version.clone();
+        self.node_images = vec![BTreeSet::from([version.clone()]); self.nodes.len()];
         let names = self.scenario.pod_names();
         let log_count = self.scenario.topology.log_replicas;
         let mut group_of: BTreeMap<String, usize> = BTreeMap::new();
@@ -527,6 +572,7 @@ impl Simulation {
                     store: format!("log-{i}"),
                     state: ReplicaState::Down,
                     epoch: 0,
+                    catch_up_generation: 0,
                 })
                 .collect();
             self.shards.push(Shard {
@@ -582,6 +628,7 @@ impl Simulation {
                             holders: BTreeSet::new(),
                             sessions: BTreeSet::new(),
                             confirmed_epoch: None,
+                            kernel_drain: None,
                             stop_cause: Cause::Voluntary,
                         },
                     );
@@ -772,8 +819,8 @@ impl Simulation {
                 shard,
                 replica,
                 epoch,
-                term,
-            } => self.log_caught_up(shard, replica, epoch, term),
+                generation,
+            } => self.log_caught_up(shard, replica, epoch, generation),
             Ev::LogElection { shard } => self.log_election(shard),
             Ev::TnStarted(e) => self.tn_started(e),
             Ev::TnHakeeperDeadline(e) => self.tn_hakeeper_deadline(e),
@@ -784,6 +831,15 @@ impl Simulation {
             Ev::CnKeepalive(p, e) => self.cn_keepalive(p, e),
             Ev::BindInvalidate(p, e) => self.bind_invalidate(p, e),
             Ev::ProxyStarted(p, e) => self.proxy_started(p, e),
+            Ev::ImagePulled(node, version) => {
+                let version = self.versions[version].clone();
+                self.pulls.remove(&(node, version.clone()));
+                let name = self.nodes[node].name.clone();
+                self.log("kubelet", || format!("{name}: image {version} pulled"));
+                self.node_images[node].insert(version);
+            }
+            Ev::LeaderTransfer { shard, to, term } => self.log_leader_transferred(shard, to, term),
+
             Ev::ClientNext(c) => self.client_next(c),
             Ev::StmtDone(c, x) => self.stmt_done(c, x),
             Ev::CommitAtTn(c, x) => self.commit_at_tn(c, x),
@@ -854,8 +910,15 @@ impl Simulation {
             EventKind::DeletePod { pod } => {
                 if let Some(&p) = self.pod_by_name.get(&pod) {
                     self.log("k8s", || format!("kubectl delete pod {pod}"));
-                    self.delete_pod(p, Cause::Voluntary, true, "plain delete");
+                    // A plain DELETE bypasses every protection the operator has: its
+                    // consequences are attributed to it, not to the operator.
+                    self.delete_pod(p, Cause::Involuntary, true, "plain delete");
                 }
+            }
+            EventKind::OperatorRestart {
+                drop_pending_actions,
+            } => {
+                self.crash_pending = Some(drop_pending_actions);
             }
             EventKind::Fault {
                 cn_never_heartbeats_after_restart,
@@ -956,19 +1019,41 @@ impl Simulation {
             observation: &observation,
             results: &results,
         });
+        // Recorded before acted on.
+        self.policy_record = self.policy.progress_record();
         for note in decision.notes {
             self.record_note(note);
+        }
+        if let Some(drop_pending_actions) = self.crash_pending.take() {
+            self.restart_operator(drop_pending_actions, decision.actions.len());
+            if drop_pending_actions {
+                return;
+            }
         }
         let mut results = Vec::with_capacity(decision.actions.len());
         for action in decision.actions {
             let result = self.apply_action(&action);
             self.log("operator", || match &result {
-                Ok(()) => format!("{action:?}"),
+                Ok(_) => format!("{action:?}"),
                 Err(e) => format!("{action:?} -> {e}"),
             });
             results.push(ActionResult { action, result });
         }
         self.last_results = results;
+    }
+
+    /// The operator process dies and a new one starts from the persisted progress record.
+    /// With `drop_pending_actions` it died after recording its decision but before acting.
+    fn restart_operator(&mut self, drop_pending_actions: bool, pending: usize) {
+        self.operator_restarts += 1;
+        let record = self.policy_record.clone();
+        self.policy = make_policy(&self.scenario.policy, &self.scenario, record.as_deref())
+            .expect("the policy was built from this scenario before");
+        self.last_results.clear();
+        let fate = if drop_pending_actions { "lost" } else { "applied" };
+        self.log("operator", || {
+            format!("operator restarted from its progress record ({pending} pending actions {fate})")
+        });
     }
 
     fn finish(&mut self, wall_seconds: f64) -> Report {

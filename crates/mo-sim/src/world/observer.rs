@@ -5,7 +5,7 @@
 use super::kernel::majority;
 use super::*;
 use mo_core::{
-    Action, ActionError, AllocatorView, ClusterDetails, CnActivity, CnStoreView, DesiredState,
+    Action, ActionError, ActionOutput, AllocatorView, ClusterDetails, CnActivity, CnStoreView, DesiredState,
     LogReplicaView, LogShardView, Observation, ObservationError, PodObservation, PodPhase,
     PolicyNote, RestartAnswer, TnStoreView,
 };
@@ -65,7 +65,16 @@ impl Simulation {
                     )
                 })
                 .collect();
-            Ok(AllocatorView { restarting })
+            let drains = self
+                .kernel_drains
+                .iter()
+                .map(|(&id, d)| (id, self.query_drain(d)))
+                .collect();
+            Ok(AllocatorView {
+                restarting,
+                drain_protocol: self.drain_protocol,
+                drains,
+            })
         } else {
             Err(ObservationError::Unavailable(
                 "lock allocator (TN) is down".into(),
@@ -90,12 +99,37 @@ impl Simulation {
                 (self.pods[p].name.clone(), answer)
             })
             .collect();
+        let proxy_routes = self
+            .proxies
+            .iter()
+            .filter(|(p, _)| self.pods[**p].status != PodStatus::Gone)
+            .map(|(&p, proxy)| {
+                let answer = if proxy.running {
+                    Ok(proxy
+                        .cache
+                        .iter()
+                        .filter(|(u, s)| self.routable_cn(u, *s).is_some())
+                        .count() as u32)
+                } else {
+                    Err(ObservationError::Unavailable("proxy not running".into()))
+                };
+                (self.pods[p].name.clone(), answer)
+            })
+            .collect();
+        let node_images = self
+            .nodes
+            .iter()
+            .zip(&self.node_images)
+            .map(|(n, images)| (n.name.clone(), images.iter().cloned().collect()))
+            .collect();
         Observation {
             now: self.now,
             pods,
             hakeeper,
             lock_allocator,
             cn_activity,
+            proxy_routes,
+            node_images,
             desired: DesiredState {
                 upgrade: self.upgrade.clone(),
                 removals: self.removals.clone(),
@@ -151,8 +185,39 @@ impl Simulation {
         }
     }
 
-    pub(crate) fn apply_action(&mut self, action: &Action) -> Result<(), ActionError> {
+    pub(crate) fn apply_action(&mut self, action: &Action) -> Result<ActionOutput, ActionError> {
         match action {
+            Action::BeginDrain { uuid, start_epoch } => self
+                .begin_drain(uuid, *start_epoch)
+                .map(|drain_id| ActionOutput::DrainId { drain_id }),
+            Action::CancelDrain { drain_id } => {
+                self.cancel_drain(*drain_id).map(|()| ActionOutput::Done)
+            }
+            other => self.apply_simple_action(other).map(|()| ActionOutput::Done),
+        }
+    }
+
+    fn apply_simple_action(&mut self, action: &Action) -> Result<(), ActionError> {
+        match action {
+            Action::BeginDrain { .. } | Action::CancelDrain { .. } => {
+                unreachable!("answered by apply_action")
+            }
+            Action::PrePullImage { node, version } => {
+                let n = self
+                    .nodes
+                    .iter()
+                    .position(|x| &x.name == node)
+                    .ok_or_else(|| ActionError::DoesNotExist(format!("node {node}")))?;
+                self.pull_image(n, version);
+                Ok(())
+            }
+            Action::TransferLogLeader { shard_id, to_store } => {
+                self.transfer_leader(*shard_id, to_store)
+            }
+            Action::SetTnWalTolerance { total } => {
+                self.tn_wal_tolerance = *total;
+                Ok(())
+            }
             Action::SetCnWorkState { uuid, state } => {
                 self.hakeeper_rpc()?;
                 let record = self.hakeeper.cns.get_mut(uuid).ok_or_else(|| {

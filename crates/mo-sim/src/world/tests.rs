@@ -173,6 +173,7 @@ fn handshake_refuses_new_locks_but_lets_active_transactions_finish() {
                 stage: TxnStage::Statements,
                 locks: vec![],
                 lock_wait_deadline: None,
+                tn_wait_deadline: None,
                 reported: true,
             },
         );
@@ -425,6 +426,7 @@ proptest! {
             store: format!("log-{i}"),
             state: match st { 0 => ReplicaState::Down, 1 => ReplicaState::Joined { caught_up: false }, _ => ReplicaState::Joined { caught_up: true } },
             epoch: 1,
+            catch_up_generation: 0,
         }).collect();
         let leader = leader.filter(|l| *l < replicas.len());
         let shard = Shard { id: 1, replicas, leader, term: 1, election_scheduled: false };

@@ -16,12 +16,15 @@ pub(crate) enum LockResult {
     Granted(HeldLock),
     /// The owner refuses new locks while it hands its tables over: retry shortly.
     Retry,
+    /// The allocator (TN) is unreachable: the CN retries for `cn_tn_wait`.
+    WaitForTn,
     Failed(String, Cause),
 }
 
 const LOCK_RETRY: Millis = Millis(100);
 const LOCK_WAIT_TIMEOUT: Millis = Millis(10_000);
 const RECONNECT_DELAY: Millis = Millis(1_000);
+const TN_RETRY: Millis = Millis(500);
 
 impl Simulation {
     fn wake_client(&mut self, c: ClientId, delay: Millis) {
@@ -112,6 +115,7 @@ impl Simulation {
                 stage: TxnStage::Statements,
                 locks: Vec::new(),
                 lock_wait_deadline: None,
+                tn_wait_deadline: None,
                 reported: false,
             },
         );
@@ -158,6 +162,18 @@ impl Simulation {
                     self.schedule(at, Ev::StmtDone(c, x));
                 }
             }
+            LockResult::WaitForTn => {
+                let now = self.now;
+                let wait = self.t.cn_tn_wait.millis();
+                let txn = self.txns.get_mut(&x).expect("present");
+                let deadline = *txn.tn_wait_deadline.get_or_insert(now + wait);
+                if now >= deadline {
+                    let cause = self.tn_cause();
+                    self.abort_txn(x, "lock table allocator unavailable".into(), cause);
+                } else {
+                    self.schedule(now + TN_RETRY, Ev::StmtDone(c, x));
+                }
+            }
             LockResult::Failed(error, cause) => self.abort_txn(x, error, cause),
         }
     }
@@ -169,10 +185,7 @@ impl Simulation {
         let table_name = &self.tables[table];
         let Some(bind) = self.tn.allocator.binds.get(table_name).cloned() else {
             if self.tn.phase != TnPhase::Running {
-                return LockResult::Failed(
-                    "lock table allocator unavailable".into(),
-                    self.tn_cause(),
-                );
+                return LockResult::WaitForTn;
             }
             let Some(cn) = self.cns.get(&requester.pod) else {
                 return LockResult::Retry;
@@ -250,7 +263,7 @@ impl Simulation {
             .map_or(Cause::Involuntary, |d| d.cause)
     }
 
-    pub(crate) fn commit_at_tn(&mut self, _c: ClientId, x: TxnId) {
+    pub(crate) fn commit_at_tn(&mut self, c: ClientId, x: TxnId) {
         let Some(txn) = self.txns.get(&x) else {
             return;
         };
@@ -264,10 +277,20 @@ impl Simulation {
             return;
         }
         if self.tn.phase != TnPhase::Running {
-            let cause = self.tn_cause();
-            self.abort_txn(x, "TN unavailable: connection refused".into(), cause);
+            // The CN retries the TN for a while before giving up (nothing was committed).
+            let now = self.now;
+            let wait = self.t.cn_tn_wait.millis();
+            let txn = self.txns.get_mut(&x).expect("present");
+            let deadline = *txn.tn_wait_deadline.get_or_insert(now + wait);
+            if now >= deadline {
+                let cause = self.tn_cause();
+                self.abort_txn(x, "TN unavailable: connection refused".into(), cause);
+            } else {
+                self.schedule(now + TN_RETRY, Ev::CommitAtTn(c, x));
+            }
             return;
         }
+        let txn = &self.txns[&x];
         let binds_intact = txn.locks.iter().all(|l| {
             self.tn
                 .allocator
@@ -297,7 +320,8 @@ impl Simulation {
         let Some(pos) = self.tn.wal_waiting.iter().position(|&w| w == x) else {
             return;
         };
-        if self.tn.phase != TnPhase::Running || !self.wal_available() {
+        if !matches!(self.tn.phase, TnPhase::Running | TnPhase::Stopping) || !self.wal_available()
+        {
             return; // still waiting; a later flush completes it
         }
         self.tn.wal_waiting.remove(pos);
