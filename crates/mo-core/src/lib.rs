@@ -6,8 +6,12 @@
 
 pub mod action;
 pub mod component;
+pub mod drain;
+pub mod gates;
 pub mod observe;
 pub mod policy;
+pub mod rollout;
+pub mod safe;
 pub mod strategy;
 pub mod time;
 
@@ -20,5 +24,7 @@ pub use observe::{
     PoolPhase, RemovalReason, RemovalRequest, RestartAnswer, TnStoreView, UpgradeSpec, WorkState,
 };
 pub use policy::{EvictionVerdict, Policy, PolicyInput};
+pub use rollout::OnStall;
+pub use safe::{ProgressRecord, SafeConfig, SafePolicy};
 pub use strategy::{Strategy, StrategyError};
 pub use time::Millis;

@@ -40,4 +40,10 @@ pub trait Policy {
     fn progress_record(&self) -> Option<String> {
         None
     }
+
+    /// What the policy is waiting on now, per subject, with the reason (a halted rollout
+    /// included). Empty when nothing waits.
+    fn waiting_on(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }

@@ -73,3 +73,84 @@ mod tests {
         assert_eq!(Millis(61_017).to_string(), "61.017s");
     }
 }
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid duration `{0}` (use e.g. 250ms, 10s, 5m, 1h)")]
+pub struct BadDuration(pub String);
+
+/// Parses `250ms`, `10s`, `1.5s`, `5m`, `1h`, or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Millis, BadDuration> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num.parse().map_err(|_| BadDuration(text.into()))?;
+    let scale = match unit.trim() {
+        "ms" => 1.0,
+        "" | "s" => 1000.0,
+        "m" | "min" => 60_000.0,
+        "h" => 3_600_000.0,
+        _ => return Err(BadDuration(text.into())),
+    };
+    let ms = value * scale;
+    if !(0.0..=1e15).contains(&ms) {
+        return Err(BadDuration(text.into()));
+    }
+    Ok(Millis(ms.round() as u64))
+}
+
+/// Formats as the shortest of `5m`, `10s`, `250ms`.
+pub fn format_duration(d: Millis) -> String {
+    let ms = d.0;
+    if ms % 60_000 == 0 && ms > 0 {
+        format!("{}m", ms / 60_000)
+    } else if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+/// `#[serde(with = "mo_core::time::human")]`: durations as `30s` text (numbers are seconds).
+pub mod human {
+    use super::{Millis, format_duration, parse_duration};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Millis, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_duration(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Millis, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Num(f64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Num(n) if n.is_finite() && n >= 0.0 => Ok(Millis((n * 1000.0).round() as u64)),
+            Raw::Num(n) => Err(serde::de::Error::custom(format!("invalid duration {n}"))),
+            Raw::Text(t) => parse_duration(&t).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+#[cfg(test)]
+mod duration_tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_formats_units() {
+        assert_eq!(parse_duration("250ms").unwrap(), Millis(250));
+        assert_eq!(parse_duration("1.5s").unwrap(), Millis(1500));
+        assert_eq!(parse_duration("5m").unwrap(), Millis::from_mins(5));
+        assert_eq!(parse_duration("1h").unwrap(), Millis::from_mins(60));
+        assert_eq!(parse_duration("7").unwrap(), Millis::from_secs(7));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("-1s").is_err());
+        for d in [Millis(250), Millis(10_000), Millis::from_mins(5), Millis(61_500)] {
+            assert_eq!(parse_duration(&format_duration(d)).unwrap(), d);
+        }
+    }
+}

@@ -61,6 +61,18 @@ pub struct Report {
     pub upgrade: Option<UpgradeReport>,
     /// Why each unsafe action was counted (time, what, why).
     pub unsafe_action_log: Vec<String>,
+    /// Failed and unknown transactions by what caused them: voluntary disruptions (the
+    /// operator's or an evictor's doing) or injected involuntary faults.
+    pub txn_failures_by_cause: FailuresByCause,
+    /// What the policy waits on at the end of the run, per subject.
+    pub waiting_on: BTreeMap<String, String>,
+    pub operator_restarts: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FailuresByCause {
+    pub voluntary: u64,
+    pub involuntary: u64,
 }
 
 impl Report {

@@ -41,6 +41,11 @@ pub struct Scenario {
     pub policy: String,
     #[serde(default)]
     pub legacy: LegacyOptions,
+    /// Options of the `safe` policy.
+    #[serde(default)]
+    pub safe: mo_core::SafeConfig,
+    #[serde(default)]
+    pub fixed_window: FixedWindowOptions,
     /// What the simulated kernel offers beyond today's MatrixOne.
     #[serde(default)]
     pub kernel: KernelOptions,
@@ -83,6 +88,21 @@ impl Default for LegacyOptions {
         LegacyOptions {
             drain_timeout: Some(Dur::mins(5)),
             drain_min: Dur::secs(15),
+        }
+    }
+}
+
+/// The naive fix: legacy pacing plus a fixed wait after every restarted pod.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FixedWindowOptions {
+    pub window: Dur,
+}
+
+impl Default for FixedWindowOptions {
+    fn default() -> Self {
+        FixedWindowOptions {
+            window: Dur::mins(5),
         }
     }
 }

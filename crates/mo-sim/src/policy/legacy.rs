@@ -44,6 +44,10 @@ pub struct LegacyPolicy {
     options: LegacyOptions,
     drains: BTreeMap<String, Drain>,
     upgrade: Option<UpgradeRun>,
+    /// `fixed-window`: wait this long after each restarted pod is Ready.
+    window: Option<Millis>,
+    /// When the last restarted pod was first seen Ready on the new version.
+    settled_since: Option<Millis>,
 }
 
 impl LegacyPolicy {
@@ -52,6 +56,16 @@ impl LegacyPolicy {
             options,
             drains: BTreeMap::new(),
             upgrade: None,
+            window: None,
+            settled_since: None,
+        }
+    }
+
+    /// The naive fix: the same pacing plus a fixed wait after every pod.
+    pub fn fixed_window(options: LegacyOptions, window: Millis) -> Self {
+        LegacyPolicy {
+            window: Some(window),
+            ..LegacyPolicy::new(options)
         }
     }
 
@@ -181,8 +195,18 @@ impl LegacyPolicy {
             .values()
             .any(|x| matches!(x.purpose, Purpose::Restart { .. }));
         if !all_ready || draining {
+            self.settled_since = None;
             return; // pacing is pod readiness, nothing else
         }
+        if let Some(window) = self.window
+            && run.phase_started
+        {
+            let since = *self.settled_since.get_or_insert(obs.now);
+            if obs.now - since < window {
+                return;
+            }
+        }
+        self.settled_since = None;
         match pods.iter().find(|p| p.version != run.target) {
             Some(pod) => {
                 if !run.phase_started {
@@ -218,7 +242,7 @@ impl LegacyPolicy {
 
 impl Policy for LegacyPolicy {
     fn name(&self) -> &str {
-        "legacy"
+        if self.window.is_some() { "fixed-window" } else { "legacy" }
     }
 
     fn decide(&mut self, input: PolicyInput<'_>) -> Decision {

@@ -633,17 +633,21 @@ impl Simulation {
                 "lock allocator (TN) unavailable".into(),
             ));
         }
-        // A new request starts a fresh handshake for whichever instance holds the UUID.
-        self.tn
-            .allocator
-            .restart_marks
-            .insert(uuid.to_string(), RestartMark::default());
         let target: Vec<(PodId, u64)> = self
             .cns
             .iter()
             .filter(|(_, c)| c.uuid == uuid && c.lock_open)
             .map(|(&p, c)| (p, c.epoch))
             .collect();
+        // A new request starts a fresh handshake on the service record of whichever instance
+        // holds the UUID now.
+        self.tn.allocator.restart_marks.insert(
+            uuid.to_string(),
+            RestartMark {
+                unlock_success: false,
+                epoch: target.first().map(|(_, e)| *e),
+            },
+        );
         for (p, epoch) in target {
             self.after(self.t.bind_keepalive, Ev::CnKeepalive(p, epoch));
         }
@@ -663,7 +667,13 @@ impl Simulation {
         if cn.epoch != epoch || !cn.lock_open {
             return;
         }
-        if !self.tn.allocator.restart_marks.contains_key(&cn.uuid) && cn.kernel_drain.is_none() {
+        let marked = self
+            .tn
+            .allocator
+            .restart_marks
+            .get(&cn.uuid)
+            .is_some_and(|m| m.epoch == Some(epoch));
+        if !marked && cn.kernel_drain.is_none() {
             return;
         }
         if cn.restart_mode == RestartMode::None {
@@ -905,7 +915,13 @@ impl Simulation {
             && cn.kernel_drain == Some(id)
         {
             cn.kernel_drain = None;
-            if !self.tn.allocator.restart_marks.contains_key(&cn.uuid) {
+            if !self
+                .tn
+                .allocator
+                .restart_marks
+                .get(&cn.uuid)
+                .is_some_and(|m| m.epoch == Some(instance.epoch))
+            {
                 cn.restart_mode = RestartMode::None;
             }
         }

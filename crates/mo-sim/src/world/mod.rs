@@ -196,6 +196,9 @@ pub(crate) struct Allocator {
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct RestartMark {
     pub unlock_success: bool,
+    /// The instance (start epoch) whose service record the mark was set on. The answer to
+    /// `CanRestartService(uuid)` does not say which instance it is about.
+    pub epoch: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1095,6 +1098,12 @@ impl Simulation {
             unsafe_actions: self.unsafe_actions.clone(),
             upgrade,
             unsafe_action_log: self.unsafe_log.clone(),
+            txn_failures_by_cause: crate::report::FailuresByCause {
+                voluntary: self.failures_voluntary,
+                involuntary: self.failures_involuntary,
+            },
+            waiting_on: self.policy.waiting_on().into_iter().collect(),
+            operator_restarts: self.operator_restarts,
         }
     }
 }

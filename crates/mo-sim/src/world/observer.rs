@@ -130,6 +130,7 @@ impl Simulation {
             cn_activity,
             proxy_routes,
             node_images,
+            tn_wal_tolerance: self.tn_wal_tolerance,
             desired: DesiredState {
                 upgrade: self.upgrade.clone(),
                 removals: self.removals.clone(),

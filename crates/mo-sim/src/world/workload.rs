@@ -190,7 +190,12 @@ impl Simulation {
             let Some(cn) = self.cns.get(&requester.pod) else {
                 return LockResult::Retry;
             };
-            if self.tn.allocator.restart_marks.contains_key(&cn.uuid)
+            if self
+                .tn
+                .allocator
+                .restart_marks
+                .get(&cn.uuid)
+                .is_some_and(|m| m.epoch == Some(requester.epoch))
                 || cn.restart_mode != RestartMode::None
             {
                 // A CN that is restarting cannot become an owner; the proxy moves the session.

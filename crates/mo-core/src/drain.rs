@@ -1,0 +1,672 @@
+//! The drain arbiter: every way a CN leaves goes through this one state machine.
+//!
+//! Draining (routing stops, sessions migrate) → hand its lock tables over → confirmation bound
+//! to the exact instance (pod UID + CN UUID + start epoch) → release. Every uncertain input —
+//! an RPC error, a timeout, "does not exist", a stale reading, an instance mismatch — keeps the
+//! CN protected and says why. Nothing here releases on a timeout.
+
+use crate::action::{Action, ActionError, ActionOutput, ActionResult};
+use crate::gates::{HEARTBEAT_FRESH, cn_record};
+use crate::observe::{DrainAnswer, Observation, WorkState};
+use crate::time::Millis;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum DrainPurpose {
+    /// Scale-in or pool reclaim: delete the pod once confirmed.
+    Remove { why: String },
+    /// Upgrade: restart the pod on `version` once confirmed.
+    Restart { version: String },
+    /// An eviction (node drain, consolidation, autoscaler): the evictor's retry is allowed
+    /// once confirmed.
+    Evict { source: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DrainStage {
+    MarkDraining,
+    MigrateSessions,
+    HandOver,
+    Confirmed,
+    Released,
+    Cancelling,
+    Finished,
+}
+
+/// How a drain ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DrainEnd {
+    /// The pod went away after the release.
+    Released,
+    /// The removal was withdrawn; the CN is Working again.
+    Cancelled,
+    /// The pod went away or was replaced without our release (someone else, or a failure).
+    InstanceGone,
+}
+
+/// One drain, bound to one instance. Serialized in the progress record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drain {
+    pub pod: String,
+    pub pod_uid: String,
+    pub cn_uuid: String,
+    /// Start epoch of the instance being drained; learned from HAKeeper at the first look.
+    pub start_epoch: Option<u64>,
+    pub purpose: DrainPurpose,
+    pub stage: DrainStage,
+    pub started_at: Millis,
+    pub stage_since: Millis,
+    pub kernel_drain_id: Option<u64>,
+    pub begin_drain_sent_at: Option<Millis>,
+    pub handshake_sent_at: Option<Millis>,
+    pub release_sent_at: Option<Millis>,
+    pub last_eviction_at: Option<Millis>,
+    pub cancel_requested: bool,
+    pub end: Option<DrainEnd>,
+    /// What the drain waits on now (the condition shown to people).
+    pub hold: Option<String>,
+    pub alarmed: bool,
+}
+
+/// Tunables of the arbiter.
+#[derive(Clone, Copy, Debug)]
+pub struct DrainTiming {
+    /// The kernel's bind keepalive: a handshake answer is trusted only once it is this old.
+    pub keepalive: Millis,
+    /// An action not visibly applied after this is sent again (all are idempotent).
+    pub resend_after: Millis,
+    /// A webhook-started drain whose evictor stopped retrying this long is cancelled.
+    pub eviction_abandon: Millis,
+    /// A drain waiting longer than this raises an alarm (and keeps waiting).
+    pub alarm_after: Millis,
+}
+
+impl Drain {
+    pub fn new(pod: &str, uid: &str, uuid: &str, purpose: DrainPurpose, now: Millis) -> Drain {
+        Drain {
+            pod: pod.to_string(),
+            pod_uid: uid.to_string(),
+            cn_uuid: uuid.to_string(),
+            start_epoch: None,
+            purpose,
+            stage: DrainStage::MarkDraining,
+            started_at: now,
+            stage_since: now,
+            kernel_drain_id: None,
+            begin_drain_sent_at: None,
+            handshake_sent_at: None,
+            release_sent_at: None,
+            last_eviction_at: Some(now),
+            cancel_requested: false,
+            end: None,
+            hold: None,
+            alarmed: false,
+        }
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.stage != DrainStage::Finished
+    }
+
+    /// The exact instance has confirmed it holds nothing: the pod may go.
+    pub fn confirmed(&self) -> bool {
+        matches!(self.stage, DrainStage::Confirmed | DrainStage::Released)
+    }
+
+    fn set_stage(&mut self, stage: DrainStage, now: Millis) {
+        if self.stage != stage {
+            self.stage = stage;
+            self.stage_since = now;
+        }
+    }
+
+    fn finish(&mut self, end: DrainEnd, now: Millis) {
+        self.end = Some(end);
+        self.hold = None;
+        self.set_stage(DrainStage::Finished, now);
+    }
+
+    fn hold(&mut self, reason: impl Into<String>) {
+        self.hold = Some(reason.into());
+    }
+
+    /// Takes the answers to actions this drain sent on the previous tick.
+    pub fn absorb(&mut self, results: &[ActionResult]) {
+        for r in results {
+            match (&r.action, &r.result) {
+                (Action::BeginDrain { uuid, start_epoch }, result)
+                    if *uuid == self.cn_uuid && Some(*start_epoch) == self.start_epoch =>
+                {
+                    match result {
+                        Ok(ActionOutput::DrainId { drain_id }) => {
+                            self.kernel_drain_id = Some(*drain_id)
+                        }
+                        Ok(ActionOutput::Done) => {}
+                        Err(e) => self.hold(format!("BeginDrain failed: {e}")),
+                    }
+                }
+                (Action::SetRestartService { uuid }, Err(e)) if *uuid == self.cn_uuid => {
+                    // Not applied: ask again on the next step.
+                    self.handshake_sent_at = None;
+                    self.hold(format!("SetRestartService failed: {e}"));
+                }
+                (Action::SetCnWorkState { uuid, .. }, Err(e)) if *uuid == self.cn_uuid => {
+                    self.hold(format!("marking Draining failed: {e}"));
+                }
+                (
+                    Action::DeletePod { pod, uid, .. } | Action::RestartPod { pod, uid, .. },
+                    Err(ActionError::Conflict(e)),
+                ) if *pod == self.pod && *uid == self.pod_uid => {
+                    self.hold(format!("release refused: {e}"));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// One step from a fresh observation. Actions are appended; nothing is released unless
+    /// this instance's confirmation is observed in this very observation.
+    pub fn step(&mut self, obs: &Observation, timing: &DrainTiming, actions: &mut Vec<Action>) {
+        let now = obs.now;
+        if self.stage == DrainStage::Finished {
+            return;
+        }
+        // The pod: gone or replaced ends the drain of this instance.
+        let Some(pod) = obs.pod(&self.pod).filter(|p| p.uid == self.pod_uid) else {
+            let end = if self.stage == DrainStage::Released {
+                DrainEnd::Released
+            } else {
+                DrainEnd::InstanceGone
+            };
+            self.finish(end, now);
+            return;
+        };
+        if self.stage == DrainStage::Released {
+            self.hold(format!("waiting for {} to terminate", self.pod));
+            if !pod.terminating && self.resend_due(self.release_sent_at, now, timing) {
+                self.release(now, actions);
+            }
+            return;
+        }
+        if pod.terminating {
+            // Someone else deleted it; nothing left to protect.
+            self.hold(format!("{} is being deleted by someone else", self.pod));
+            return;
+        }
+        if !self.alarmed && now - self.started_at >= timing.alarm_after {
+            self.alarmed = true;
+        }
+        let Ok(details) = obs.hakeeper.as_ref() else {
+            let e = obs.hakeeper.as_ref().err().expect("is err");
+            self.hold(format!("cannot read HAKeeper ({e}): {} stays protected", self.pod));
+            return;
+        };
+        let Some(record) = cn_record(details, &self.cn_uuid) else {
+            self.hold(format!(
+                "CN [{}] is not registered with HAKeeper: cannot bind the drain to an instance",
+                self.cn_uuid
+            ));
+            return;
+        };
+        if record.heartbeat_age > HEARTBEAT_FRESH {
+            self.hold(format!(
+                "HAKeeper's reading of {} is stale (last heartbeat {} ago)",
+                self.pod, record.heartbeat_age
+            ));
+            return;
+        }
+        match self.start_epoch {
+            None => self.start_epoch = Some(record.start_epoch),
+            Some(epoch) if epoch != record.start_epoch => {
+                // Same pod, new process: an old confirmation must not count for it.
+                self.start_epoch = Some(record.start_epoch);
+                self.kernel_drain_id = None;
+                self.begin_drain_sent_at = None;
+                self.handshake_sent_at = None;
+                self.set_stage(DrainStage::MarkDraining, now);
+                self.hold(format!(
+                    "instance mismatch: {} restarted (epoch {epoch} -> {}); draining the new instance",
+                    self.pod, record.start_epoch
+                ));
+            }
+            Some(_) => {}
+        }
+        if self.cancel_requested && self.stage < DrainStage::Released {
+            self.set_stage(DrainStage::Cancelling, now);
+        }
+        if self.stage == DrainStage::Cancelling {
+            if let Some(id) = self.kernel_drain_id.take() {
+                actions.push(Action::CancelDrain { drain_id: id });
+            }
+            if record.work_state == WorkState::Working {
+                self.finish(DrainEnd::Cancelled, now);
+            } else {
+                actions.push(Action::SetCnWorkState {
+                    uuid: self.cn_uuid.clone(),
+                    state: WorkState::Working,
+                });
+                self.hold("cancelled: returning the CN to Working");
+            }
+            return;
+        }
+        // A Draining mark can be lost (HAKeeper expiry): go back and mark again.
+        if self.stage > DrainStage::MarkDraining && record.work_state != WorkState::Draining {
+            self.set_stage(DrainStage::MarkDraining, now);
+        }
+        if self.stage == DrainStage::MarkDraining {
+            if record.work_state == WorkState::Draining {
+                self.set_stage(DrainStage::MigrateSessions, now);
+            } else {
+                actions.push(Action::SetCnWorkState {
+                    uuid: self.cn_uuid.clone(),
+                    state: WorkState::Draining,
+                });
+                self.hold(format!("marking {} Draining in HAKeeper", self.pod));
+                return;
+            }
+        }
+        // Sessions must stay gone until the release: new ones send it back to migrating.
+        if matches!(self.stage, DrainStage::HandOver | DrainStage::Confirmed)
+            && !matches!(obs.cn_activity.get(&self.pod), Some(Ok(a)) if a.sessions + a.pipelines + a.replicas == 0)
+        {
+            self.set_stage(DrainStage::MigrateSessions, now);
+        }
+        if self.stage == DrainStage::MigrateSessions {
+            match obs.cn_activity.get(&self.pod) {
+                Some(Ok(a)) if a.sessions + a.pipelines + a.replicas == 0 => {
+                    self.set_stage(DrainStage::HandOver, now);
+                }
+                Some(Ok(a)) => {
+                    self.hold(format!(
+                        "{} sessions, {} pipelines, {} replicas still on {}",
+                        a.sessions, a.pipelines, a.replicas, self.pod
+                    ));
+                    return;
+                }
+                Some(Err(e)) => {
+                    self.hold(format!("cannot ask {}'s query service: {e}", self.pod));
+                    return;
+                }
+                None => {
+                    self.hold(format!("no query-service reading for {}", self.pod));
+                    return;
+                }
+            }
+        }
+        if self.stage == DrainStage::HandOver && !self.hand_over(obs, timing, actions) {
+            return;
+        }
+        if self.stage == DrainStage::Confirmed {
+            match &self.purpose {
+                DrainPurpose::Evict { source } => {
+                    let source = source.clone();
+                    self.hold(format!(
+                        "confirmed: the eviction by {source} is allowed on its next try"
+                    ));
+                    let idle = self.last_eviction_at.map_or(Millis::ZERO, |t| now - t);
+                    if idle >= timing.eviction_abandon {
+                        self.cancel_requested = true;
+                    }
+                }
+                _ => self.release(now, actions),
+            }
+        }
+    }
+
+    /// Returns true once this exact instance's confirmation is observed.
+    fn hand_over(&mut self, obs: &Observation, timing: &DrainTiming, actions: &mut Vec<Action>) -> bool {
+        let now = obs.now;
+        let epoch = self.start_epoch.expect("bound before handing over");
+        let allocator = match obs.lock_allocator.as_ref() {
+            Ok(a) => a,
+            Err(e) => {
+                self.hold(format!("cannot ask the lock allocator: {e}"));
+                return false;
+            }
+        };
+        if allocator.drain_protocol {
+            let Some(id) = self.kernel_drain_id else {
+                if self.resend_due(self.begin_drain_sent_at, now, timing) {
+                    actions.push(Action::BeginDrain {
+                        uuid: self.cn_uuid.clone(),
+                        start_epoch: epoch,
+                    });
+                    self.begin_drain_sent_at = Some(now);
+                }
+                if self.hold.as_deref().is_none_or(|h| !h.starts_with("BeginDrain failed")) {
+                    self.hold(format!("waiting for BeginDrain({}, epoch {epoch})", self.pod));
+                }
+                return false;
+            };
+            return match allocator.drains.get(&id) {
+                Some(DrainAnswer::Done) => {
+                    self.set_stage(DrainStage::Confirmed, now);
+                    true
+                }
+                Some(DrainAnswer::Pending { remaining_txns }) => {
+                    self.hold(format!(
+                        "lock tables of {} handing over: {remaining_txns} transactions still hold locks",
+                        self.pod
+                    ));
+                    false
+                }
+                Some(DrainAnswer::InstanceGone) => {
+                    self.hold(format!("drain {id}: the instance is gone; verifying"));
+                    false
+                }
+                Some(DrainAnswer::Cancelled) | None => {
+                    // Unknown id (the TN restarted) is not "done": begin again.
+                    self.kernel_drain_id = None;
+                    self.begin_drain_sent_at = None;
+                    self.hold(format!("drain {id} unknown to the allocator: beginning again"));
+                    false
+                }
+            };
+        }
+        // Today's handshake, plus operator-side instance checks.
+        let answer = allocator.restarting.get(&self.cn_uuid);
+        let Some(sent) = self.handshake_sent_at.filter(|_| answer.is_some()) else {
+            actions.push(Action::SetRestartService {
+                uuid: self.cn_uuid.clone(),
+            });
+            self.handshake_sent_at = Some(now);
+            self.hold(format!("restart handshake requested for {}", self.pod));
+            return false;
+        };
+        let answer = answer.expect("checked");
+        if now - sent < timing.keepalive + timing.keepalive {
+            self.hold(format!("waiting for {}'s keepalive to see the handshake", self.pod));
+            return false;
+        }
+        if !answer.can_restart || answer.remaining_txns != 0 {
+            self.hold(format!(
+                "{} is handing its lock tables over: {} transactions remain",
+                self.pod, answer.remaining_txns
+            ));
+            return false;
+        }
+        self.set_stage(DrainStage::Confirmed, now);
+        true
+    }
+
+    fn resend_due(&self, sent: Option<Millis>, now: Millis, timing: &DrainTiming) -> bool {
+        sent.is_none_or(|t| now - t >= timing.resend_after)
+    }
+
+    fn release(&mut self, now: Millis, actions: &mut Vec<Action>) {
+        let action = match &self.purpose {
+            DrainPurpose::Remove { why } => Action::DeletePod {
+                pod: self.pod.clone(),
+                uid: self.pod_uid.clone(),
+                reason: format!("{why}: drain confirmed for this instance"),
+            },
+            DrainPurpose::Restart { version } => Action::RestartPod {
+                pod: self.pod.clone(),
+                uid: self.pod_uid.clone(),
+                version: version.clone(),
+            },
+            DrainPurpose::Evict { .. } => return,
+        };
+        actions.push(action);
+        self.release_sent_at = Some(now);
+        self.set_stage(DrainStage::Released, now);
+        self.hold = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::component::Component;
+    use crate::observe::*;
+    use std::collections::BTreeMap;
+
+    const TIMING: DrainTiming = DrainTiming {
+        keepalive: Millis(1_000),
+        resend_after: Millis(5_000),
+        eviction_abandon: Millis(120_000),
+        alarm_after: Millis(600_000),
+    };
+
+    fn obs(now: u64) -> Observation {
+        let pod = PodObservation {
+            name: "cn-1".into(),
+            uid: "uid-1".into(),
+            component: Component::Cn,
+            node: "node-1".into(),
+            phase: PodPhase::Running,
+            ready: true,
+            version: "v1".into(),
+            terminating: false,
+            restarts: 0,
+            cn_uuid: Some("u1".into()),
+            pool_phase: None,
+        };
+        Observation {
+            now: Millis(now),
+            pods: vec![pod],
+            hakeeper: Ok(ClusterDetails {
+                cns: vec![CnStoreView {
+                    uuid: "u1".into(),
+                    start_epoch: 7,
+                    work_state: WorkState::Working,
+                    heartbeat_age: Millis(200),
+                    version: "v1".into(),
+                }],
+                tns: vec![],
+                log_shards: vec![],
+            }),
+            lock_allocator: Ok(AllocatorView::default()),
+            cn_activity: BTreeMap::from([("cn-1".to_string(), Ok(CnActivity::default()))]),
+            proxy_routes: BTreeMap::new(),
+            node_images: BTreeMap::new(),
+            tn_wal_tolerance: None,
+            desired: DesiredState::default(),
+        }
+    }
+
+    fn remove() -> Drain {
+        Drain::new(
+            "cn-1",
+            "uid-1",
+            "u1",
+            DrainPurpose::Remove {
+                why: "scale-in".into(),
+            },
+            Millis(0),
+        )
+    }
+
+    fn draining(o: &mut Observation) {
+        o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Draining;
+    }
+
+    fn confirm(o: &mut Observation) {
+        o.lock_allocator.as_mut().unwrap().restarting.insert(
+            "u1".into(),
+            RestartAnswer {
+                can_restart: true,
+                remaining_txns: 0,
+            },
+        );
+    }
+
+    /// Drives a drain to the point where it has sent the handshake.
+    fn to_handover(d: &mut Drain) -> Vec<Action> {
+        let mut a = vec![];
+        let mut o = obs(1_000);
+        d.step(&o, &TIMING, &mut a);
+        assert!(matches!(a[0], Action::SetCnWorkState { state: WorkState::Draining, .. }));
+        draining(&mut o);
+        o.now = Millis(2_000);
+        a.clear();
+        d.step(&o, &TIMING, &mut a);
+        assert_eq!(a, vec![Action::SetRestartService { uuid: "u1".into() }]);
+        a
+    }
+
+    #[test]
+    fn happy_path_releases_only_after_this_instance_confirms() {
+        let mut d = remove();
+        to_handover(&mut d);
+        let mut o = obs(5_000);
+        draining(&mut o);
+        confirm(&mut o);
+        let mut a = vec![];
+        d.step(&o, &TIMING, &mut a);
+        assert!(matches!(&a[..], [Action::DeletePod { uid, .. }] if uid == "uid-1"));
+        assert_eq!(d.stage, DrainStage::Released);
+        // The pod goes away: the drain ends as released.
+        o.pods.clear();
+        d.step(&o, &TIMING, &mut vec![]);
+        assert_eq!(d.end, Some(DrainEnd::Released));
+    }
+
+    /// Every uncertain reading holds; none releases.
+    #[test]
+    fn uncertainty_never_releases() {
+        let uncertain: Vec<(&str, Box<dyn Fn(&mut Observation)>)> = vec![
+            ("hakeeper unavailable", Box::new(|o| o.hakeeper = Err(ObservationError::Unavailable("x".into())))),
+            ("hakeeper timeout", Box::new(|o| o.hakeeper = Err(ObservationError::Timeout("x".into())))),
+            ("cn does not exist", Box::new(|o| o.hakeeper.as_mut().unwrap().cns.clear())),
+            ("stale heartbeat", Box::new(|o| o.hakeeper.as_mut().unwrap().cns[0].heartbeat_age = Millis(60_000))),
+            ("instance mismatch", Box::new(|o| o.hakeeper.as_mut().unwrap().cns[0].start_epoch = 8)),
+            ("allocator down", Box::new(|o| o.lock_allocator = Err(ObservationError::Unavailable("tn".into())))),
+            ("handshake not done", Box::new(|o| {
+                o.lock_allocator.as_mut().unwrap().restarting.get_mut("u1").unwrap().can_restart = false;
+            })),
+            ("txns remain", Box::new(|o| {
+                o.lock_allocator.as_mut().unwrap().restarting.get_mut("u1").unwrap().remaining_txns = 2;
+            })),
+            ("inconsistent allocator", Box::new(|o| {
+                o.lock_allocator.as_mut().unwrap().restarting.get_mut("u1").unwrap().remaining_txns = -1;
+            })),
+            ("handshake forgotten", Box::new(|o| { o.lock_allocator.as_mut().unwrap().restarting.clear(); })),
+            ("sessions back", Box::new(|o| {
+                o.cn_activity.insert("cn-1".into(), Ok(CnActivity { sessions: 1, pipelines: 0, replicas: 0 }));
+            })),
+            ("query service error", Box::new(|o| {
+                o.cn_activity.insert("cn-1".into(), Err(ObservationError::DoesNotExist("cn".into())));
+            })),
+            ("draining mark lost", Box::new(|o| o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Working)),
+        ];
+        for (name, spoil) in uncertain {
+            let mut d = remove();
+            to_handover(&mut d);
+            let mut o = obs(5_000);
+            draining(&mut o);
+            confirm(&mut o);
+            spoil(&mut o);
+            // However long it lasts: hours of ticks, nothing is deleted.
+            for t in 0..100u64 {
+                o.now = Millis(5_000 + t * 60_000);
+                let mut a = vec![];
+                d.step(&o, &TIMING, &mut a);
+                assert!(
+                    !a.iter().any(|x| matches!(x, Action::DeletePod { .. } | Action::RestartPod { .. })),
+                    "{name}: released on {a:?}"
+                );
+                assert!(!d.confirmed(), "{name}: confirmed");
+            }
+            assert!(d.hold.is_some(), "{name}: holds without saying why");
+        }
+    }
+
+    #[test]
+    fn a_restarted_instance_does_not_inherit_the_old_confirmation() {
+        let mut d = remove();
+        to_handover(&mut d);
+        let mut o = obs(5_000);
+        draining(&mut o);
+        confirm(&mut o);
+        // The CN restarted (same pod UID, same UUID, new start epoch) and the allocator still
+        // answers "can restart" for the UUID.
+        o.hakeeper.as_mut().unwrap().cns[0].start_epoch = 8;
+        let mut a = vec![];
+        d.step(&o, &TIMING, &mut a);
+        assert!(!a.iter().any(|x| matches!(x, Action::DeletePod { .. })), "{a:?}");
+        assert_eq!(d.start_epoch, Some(8));
+        assert!(d.hold.as_deref().unwrap().contains("instance mismatch"));
+    }
+
+    #[test]
+    fn kernel_protocol_confirms_by_drain_id_and_unknown_ids_begin_again() {
+        let mut d = remove();
+        let mut o = obs(1_000);
+        o.lock_allocator.as_mut().unwrap().drain_protocol = true;
+        draining(&mut o);
+        let mut a = vec![];
+        d.step(&o, &TIMING, &mut a);
+        assert_eq!(a, vec![Action::BeginDrain { uuid: "u1".into(), start_epoch: 7 }]);
+        d.absorb(&[ActionResult {
+            action: a[0].clone(),
+            result: Ok(ActionOutput::DrainId { drain_id: 42 }),
+        }]);
+        // The allocator forgot the id (TN restart): not done, begin again.
+        o.now = Millis(2_000);
+        a.clear();
+        d.step(&o, &TIMING, &mut a);
+        assert!(a.is_empty() && d.kernel_drain_id.is_none());
+        o.now = Millis(3_000);
+        d.step(&o, &TIMING, &mut a);
+        assert!(matches!(a[0], Action::BeginDrain { .. }));
+        d.absorb(&[ActionResult { action: a[0].clone(), result: Ok(ActionOutput::DrainId { drain_id: 43 }) }]);
+        o.lock_allocator.as_mut().unwrap().drains.insert(43, DrainAnswer::Pending { remaining_txns: 3 });
+        a.clear();
+        d.step(&o, &TIMING, &mut a);
+        assert!(a.is_empty());
+        o.lock_allocator.as_mut().unwrap().drains.insert(43, DrainAnswer::Done);
+        d.step(&o, &TIMING, &mut a);
+        assert!(matches!(&a[..], [Action::DeletePod { .. }]));
+    }
+
+    #[test]
+    fn eviction_drain_waits_for_the_evictor_and_cancels_when_abandoned() {
+        let mut d = Drain::new("cn-1", "uid-1", "u1", DrainPurpose::Evict { source: "kubectl-drain".into() }, Millis(0));
+        to_handover(&mut d);
+        let mut o = obs(5_000);
+        draining(&mut o);
+        confirm(&mut o);
+        let mut a = vec![];
+        d.step(&o, &TIMING, &mut a);
+        assert!(a.is_empty(), "the evictor deletes, not us");
+        assert!(d.confirmed());
+        o.now = Millis(200_000);
+        d.step(&o, &TIMING, &mut a);
+        assert_eq!(d.stage, DrainStage::Cancelling);
+        assert!(a.iter().any(|x| matches!(x, Action::SetCnWorkState { state: WorkState::Working, .. })));
+        o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Working;
+        d.step(&o, &TIMING, &mut vec![]);
+        assert_eq!(d.end, Some(DrainEnd::Cancelled));
+    }
+
+    #[test]
+    fn replaced_pod_ends_the_drain_without_release() {
+        let mut d = remove();
+        to_handover(&mut d);
+        let mut o = obs(5_000);
+        o.pods[0].uid = "uid-2".into();
+        let mut a = vec![];
+        d.step(&o, &TIMING, &mut a);
+        assert!(a.is_empty());
+        assert_eq!(d.end, Some(DrainEnd::InstanceGone));
+    }
+
+    #[test]
+    fn lost_release_is_sent_again() {
+        let mut d = remove();
+        to_handover(&mut d);
+        let mut o = obs(5_000);
+        draining(&mut o);
+        confirm(&mut o);
+        d.step(&o, &TIMING, &mut vec![]);
+        assert_eq!(d.stage, DrainStage::Released);
+        o.now = Millis(11_000);
+        let mut a = vec![];
+        d.step(&o, &TIMING, &mut a);
+        assert!(matches!(&a[..], [Action::DeletePod { uid, .. }] if uid == "uid-1"));
+    }
+}

@@ -1,0 +1,253 @@
+//! Functional gates, evaluated from one fresh observation each time (never a cached "healthy").
+//! A gate answers `Ok(())` or the reason it fails, phrased for a person reading a condition.
+
+use crate::component::Component;
+use crate::observe::{
+    ClusterDetails, CnStoreView, LogShardView, Observation, PodObservation, PodPhase, WorkState,
+};
+use crate::time::Millis;
+
+pub type Gate = Result<(), String>;
+
+/// A heartbeat older than this is a stale reading.
+pub const HEARTBEAT_FRESH: Millis = Millis(3_000);
+
+pub fn majority(replicas: usize) -> usize {
+    replicas / 2 + 1
+}
+
+fn details(obs: &Observation) -> Result<&ClusterDetails, String> {
+    obs.hakeeper
+        .as_ref()
+        .map_err(|e| format!("cannot read HAKeeper: {e}"))
+}
+
+fn pod_running(pod: &PodObservation) -> bool {
+    pod.phase == PodPhase::Running && pod.ready && !pod.terminating
+}
+
+/// Before a LOG store restarts: every shard it serves has a leader and enough *other*
+/// caught-up replicas that a majority survives without it; its peers are Ready.
+pub fn log_restart_margin(obs: &Observation, store: &str) -> Gate {
+    for peer in obs.pods_of(Component::Log).filter(|p| p.name != store) {
+        if !pod_running(peer) {
+            return Err(format!("LOG peer {} is not Ready", peer.name));
+        }
+    }
+    let d = details(obs)?;
+    for shard in d.log_shards.iter().filter(|s| serves(s, store)) {
+        if shard.leader.is_none() {
+            return Err(format!("shard {} has no leader", shard.shard_id));
+        }
+        let others = shard
+            .replicas
+            .iter()
+            .filter(|r| r.store != store && r.up && r.caught_up)
+            .count();
+        let needed = majority(shard.replicas.len());
+        if others < needed {
+            return Err(format!(
+                "shard {}: only {others} other caught-up replicas, {needed} needed to keep a majority without {store}",
+                shard.shard_id
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn serves(shard: &LogShardView, store: &str) -> bool {
+    shard.replicas.iter().any(|r| r.store == store)
+}
+
+/// Shards led by `store`, with a caught-up peer to hand leadership to.
+pub fn leadership_to_move(obs: &Observation, store: &str) -> Vec<(u64, String)> {
+    let Ok(d) = details(obs) else {
+        return Vec::new();
+    };
+    d.log_shards
+        .iter()
+        .filter(|s| s.leader.as_deref() == Some(store))
+        .filter_map(|s| {
+            s.replicas
+                .iter()
+                .find(|r| r.store != store && r.up && r.caught_up)
+                .map(|r| (s.shard_id, r.store.clone()))
+        })
+        .collect()
+}
+
+/// After a LOG store restarted: its replicas rejoined and caught up, every shard has a leader.
+pub fn log_replica_healthy(obs: &Observation, store: &str, version: &str) -> Gate {
+    let pod = obs
+        .pod(store)
+        .ok_or_else(|| format!("{store} has no pod"))?;
+    pod_on_version(pod, version)?;
+    let d = details(obs)?;
+    for shard in d.log_shards.iter().filter(|s| serves(s, store)) {
+        if shard.leader.is_none() {
+            return Err(format!("shard {} has no leader", shard.shard_id));
+        }
+        let replica = shard
+            .replicas
+            .iter()
+            .find(|r| r.store == store)
+            .expect("filtered on serves");
+        if !replica.up {
+            return Err(format!("{store} has not rejoined shard {}", shard.shard_id));
+        }
+        if !replica.caught_up {
+            return Err(format!("{store} is not caught up on shard {}", shard.shard_id));
+        }
+    }
+    Ok(())
+}
+
+pub fn pod_on_version(pod: &PodObservation, version: &str) -> Gate {
+    if !pod_running(pod) {
+        return Err(format!("{} is not Running and Ready", pod.name));
+    }
+    if pod.version != version {
+        return Err(format!("{} runs {}, not {version}", pod.name, pod.version));
+    }
+    Ok(())
+}
+
+/// The WAL shard (the one the TN writes; shard 1) accepts commits.
+pub fn wal_writable(d: &ClusterDetails) -> Gate {
+    let shard = d
+        .log_shards
+        .iter()
+        .find(|s| s.shard_id == 1)
+        .ok_or("no WAL shard in HAKeeper's view")?;
+    if shard.leader.is_none() {
+        return Err("WAL shard has no leader".into());
+    }
+    let caught_up = shard.replicas.iter().filter(|r| r.up && r.caught_up).count();
+    if caught_up < majority(shard.replicas.len()) {
+        return Err(format!("WAL shard has {caught_up} caught-up replicas, no majority"));
+    }
+    Ok(())
+}
+
+/// TN: Running on `version`, heartbeating as an instance other than `not_epoch`, WAL writable.
+pub fn tn_healthy(obs: &Observation, version: &str, not_epoch: Option<u64>) -> Gate {
+    let pod = obs
+        .pods_of(Component::Tn)
+        .next()
+        .ok_or("no TN pod")?;
+    pod_on_version(pod, version)?;
+    let d = details(obs)?;
+    let tn = d.tns.first().ok_or("TN not registered with HAKeeper")?;
+    if tn.heartbeat_age > HEARTBEAT_FRESH {
+        return Err(format!("TN heartbeat is {} old", tn.heartbeat_age));
+    }
+    if not_epoch == Some(tn.start_epoch) {
+        return Err("HAKeeper still shows the TN instance from before the restart".into());
+    }
+    wal_writable(d)
+}
+
+pub fn cn_record<'a>(d: &'a ClusterDetails, uuid: &str) -> Option<&'a CnStoreView> {
+    d.cns.iter().find(|c| c.uuid == uuid)
+}
+
+/// CN: registered with HAKeeper as a new instance on `version`, heartbeating, Working.
+pub fn cn_healthy(obs: &Observation, pod: &str, version: &str, not_epoch: Option<u64>) -> Gate {
+    let p = obs.pod(pod).ok_or_else(|| format!("{pod} has no pod"))?;
+    pod_on_version(p, version)?;
+    let uuid = p.cn_uuid.as_deref().ok_or("not a CN pod")?;
+    let d = details(obs)?;
+    let record = cn_record(d, uuid)
+        .ok_or_else(|| format!("{pod} ({uuid}) is not registered with HAKeeper"))?;
+    if not_epoch == Some(record.start_epoch) {
+        return Err(format!("{pod}: HAKeeper still shows the instance from before the restart"));
+    }
+    if record.heartbeat_age > HEARTBEAT_FRESH {
+        return Err(format!("{pod}: last heartbeat {} ago", record.heartbeat_age));
+    }
+    if record.version != version {
+        return Err(format!("{pod}: HAKeeper reports version {}", record.version));
+    }
+    if record.work_state != WorkState::Working {
+        return Err(format!("{pod}: work state {:?}, not Working", record.work_state));
+    }
+    Ok(())
+}
+
+/// Proxy: the pod runs `version` and routes to at least one Working CN.
+pub fn proxy_healthy(obs: &Observation, pod: &str, version: &str) -> Gate {
+    let p = obs.pod(pod).ok_or_else(|| format!("{pod} has no pod"))?;
+    pod_on_version(p, version)?;
+    match obs.proxy_routes.get(pod) {
+        Some(Ok(n)) if *n > 0 => Ok(()),
+        Some(Ok(_)) => Err(format!("{pod} has no Working CN to route to")),
+        Some(Err(e)) => Err(format!("{pod}: {e}")),
+        None => Err(format!("{pod}: no routing information")),
+    }
+}
+
+/// At least one proxy other than `except` can route new sessions.
+pub fn other_proxy_routes(obs: &Observation, except: Option<&str>) -> Gate {
+    let ok = obs
+        .proxy_routes
+        .iter()
+        .any(|(p, r)| Some(p.as_str()) != except && matches!(r, Ok(n) if *n > 0));
+    if ok {
+        Ok(())
+    } else {
+        Err("no proxy can route to a Working CN".into())
+    }
+}
+
+/// The whole component is on `version` and functionally healthy (the gate between phases).
+pub fn component_gate(obs: &Observation, component: Component, version: &str) -> Gate {
+    let pods: Vec<&PodObservation> = obs.pods_of(component).collect();
+    if pods.is_empty() {
+        return Err(format!("no {component} pods"));
+    }
+    match component {
+        Component::Log => {
+            for p in &pods {
+                log_replica_healthy(obs, &p.name, version)?;
+            }
+            Ok(())
+        }
+        Component::Tn => tn_healthy(obs, version, None),
+        Component::Cn => {
+            for p in &pods {
+                cn_healthy(obs, &p.name, version, None)?;
+            }
+            Ok(())
+        }
+        Component::Proxy => {
+            for p in &pods {
+                pod_on_version(p, version)?;
+            }
+            other_proxy_routes(obs, None)
+        }
+    }
+}
+
+/// Another CN that serves the workload is Working and fresh, so sessions have somewhere to go.
+pub fn other_working_cn(obs: &Observation, except: &str) -> Gate {
+    let d = details(obs)?;
+    let found = obs.pods_of(Component::Cn).any(|p| {
+        p.name != except
+            && pod_running(p)
+            && !matches!(
+                p.pool_phase,
+                Some(crate::observe::PoolPhase::Idle | crate::observe::PoolPhase::Draining)
+            )
+            && p.cn_uuid
+                .as_deref()
+                .and_then(|u| cn_record(d, u))
+                .is_some_and(|r| {
+                    r.work_state == WorkState::Working && r.heartbeat_age <= HEARTBEAT_FRESH
+                })
+    });
+    if found {
+        Ok(())
+    } else {
+        Err(format!("no other Working CN can take {except}'s sessions"))
+    }
+}

@@ -1,0 +1,651 @@
+//! The upgrade rollout: phases from the dependency strategy, one pod at a time, each restart
+//! preceded by its pre-restart gate and followed by its functional gate held for a stability
+//! window; the finished phase's gate holds again before the next phase starts. A stall halts
+//! (or rolls the phase back through the same gates); it never advances, restarts or deletes.
+
+use crate::action::Action;
+use crate::component::Component;
+use crate::drain::{Drain, DrainEnd, DrainPurpose, DrainStage};
+use crate::gates::{self, Gate};
+use crate::observe::{Observation, PodObservation, PodPhase, UpgradeSpec};
+use crate::time::{Millis, format_duration};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub enum OnStall {
+    Halt,
+    Rollback,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "step", rename_all = "snake_case")]
+pub enum Step {
+    NextPod,
+    MoveLeadership {
+        pod: String,
+        uid: String,
+        sent_at: Option<Millis>,
+    },
+    DrainCn {
+        pod: String,
+        uid: String,
+    },
+    Restart {
+        pod: String,
+        old_uid: String,
+        old_epoch: Option<u64>,
+        sent_at: Millis,
+    },
+    Verify {
+        pod: String,
+        old_epoch: Option<u64>,
+        restarts: u32,
+        healthy_since: Option<Millis>,
+    },
+    Settle {
+        healthy_since: Option<Millis>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum RolloutStatus {
+    Running,
+    Complete,
+    /// Stopped by a stall; nothing moves until the spec changes.
+    Halted { reason: String },
+    /// The stalled phase went back to its previous version; stopped.
+    RolledBack { reason: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tolerance {
+    Default,
+    Widened,
+    Restored,
+}
+
+/// Rollout tunables (a subset of the safe policy's configuration).
+#[derive(Clone, Copy, Debug)]
+pub struct RolloutTiming {
+    pub stability_window: Millis,
+    pub stall_timeout: Millis,
+    pub on_stall: OnStall,
+    pub tn_wal_tolerance: Millis,
+    pub pre_pull: bool,
+    pub resend_after: Millis,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rollout {
+    pub target: String,
+    /// Versions before the upgrade, per component (what a rollback restores).
+    pub previous: BTreeMap<Component, String>,
+    pub phases: Vec<Component>,
+    pub phase: usize,
+    pub phase_started: bool,
+    pub step: Step,
+    pub status: RolloutStatus,
+    pub rolling_back: bool,
+    pub last_progress: Millis,
+    pub tolerance: Tolerance,
+    pub pre_pull_sent: BTreeMap<String, Millis>,
+    /// What the rollout waits on now.
+    pub hold: Option<String>,
+}
+
+/// What happened this step, for the policy to report.
+#[derive(Default)]
+pub struct StepReport {
+    pub phase_started: Option<Component>,
+    pub phase_finished: Option<Component>,
+    pub finished: bool,
+    pub halted: Option<String>,
+}
+
+impl Rollout {
+    pub fn start(spec: &UpgradeSpec, obs: &Observation) -> Rollout {
+        let previous = Component::ALL
+            .iter()
+            .filter_map(|c| obs.pods_of(*c).next().map(|p| (*c, p.version.clone())))
+            .collect();
+        Rollout {
+            target: spec.target_version.clone(),
+            previous,
+            phases: spec.strategy.phases(),
+            phase: 0,
+            phase_started: false,
+            step: Step::NextPod,
+            status: RolloutStatus::Running,
+            rolling_back: false,
+            last_progress: obs.now,
+            tolerance: Tolerance::Default,
+            pre_pull_sent: BTreeMap::new(),
+            hold: None,
+        }
+    }
+
+    pub fn component(&self) -> Option<Component> {
+        self.phases.get(self.phase).copied()
+    }
+
+    /// The version the current phase moves its pods to.
+    pub fn phase_version(&self) -> String {
+        match (self.rolling_back, self.component()) {
+            (true, Some(c)) => self.previous.get(&c).cloned().unwrap_or_default(),
+            _ => self.target.clone(),
+        }
+    }
+
+    /// A LOG pod is being moved by the rollout right now (evictions of LOG wait for it).
+    pub fn log_restart_in_flight(&self) -> bool {
+        self.component() == Some(Component::Log)
+            && matches!(
+                self.step,
+                Step::MoveLeadership { .. } | Step::Restart { .. } | Step::Verify { .. }
+            )
+    }
+
+    fn progress(&mut self, now: Millis, step: Step) {
+        self.step = step;
+        self.last_progress = now;
+        self.hold = None;
+    }
+
+    fn wait(&mut self, reason: impl Into<String>) {
+        self.hold = Some(reason.into());
+    }
+
+    pub fn step(
+        &mut self,
+        obs: &Observation,
+        timing: &RolloutTiming,
+        drains: &mut Vec<Drain>,
+        actions: &mut Vec<Action>,
+    ) -> StepReport {
+        let mut report = StepReport::default();
+        if self.status != RolloutStatus::Running {
+            return report;
+        }
+        let now = obs.now;
+        let Some(component) = self.component() else {
+            self.status = RolloutStatus::Complete;
+            report.finished = true;
+            return report;
+        };
+        if now - self.last_progress >= timing.stall_timeout {
+            let waiting = self.hold.clone().unwrap_or_else(|| "no progress".into());
+            let reason = format!(
+                "stalled in the {component} phase: no progress for {}: {waiting}",
+                format_duration(now - self.last_progress)
+            );
+            if timing.on_stall == OnStall::Rollback && !self.rolling_back && self.phase_started {
+                self.rolling_back = true;
+                self.progress(now, Step::NextPod);
+                self.hold = Some(format!("rolling the {component} phase back: {reason}"));
+            } else {
+                self.status = if self.rolling_back {
+                    RolloutStatus::RolledBack {
+                        reason: format!("rollback stalled too: {reason}"),
+                    }
+                } else {
+                    RolloutStatus::Halted {
+                        reason: reason.clone(),
+                    }
+                };
+                report.halted = Some(reason);
+                return report;
+            }
+        }
+        self.keep_tolerance(obs, component, timing, actions);
+        if timing.pre_pull && !self.rolling_back {
+            self.pre_pull(obs, timing, actions);
+        }
+        let version = self.phase_version();
+        match self.step.clone() {
+            Step::NextPod => self.next_pod(obs, component, &version, drains, actions, &mut report),
+            Step::MoveLeadership { pod, uid, sent_at } => {
+                if let Err(e) = gates::log_restart_margin(obs, &pod) {
+                    self.step = Step::NextPod;
+                    self.wait(e);
+                    return report;
+                }
+                let moves = gates::leadership_to_move(obs, &pod);
+                if moves.is_empty() {
+                    self.restart(obs, &pod, &uid, None, &version, actions);
+                } else {
+                    if sent_at.is_none_or(|t| now - t >= timing.resend_after) {
+                        for (shard_id, to_store) in &moves {
+                            actions.push(Action::TransferLogLeader {
+                                shard_id: *shard_id,
+                                to_store: to_store.clone(),
+                            });
+                        }
+                        self.step = Step::MoveLeadership {
+                            pod: pod.clone(),
+                            uid,
+                            sent_at: Some(now),
+                        };
+                    }
+                    self.wait(format!("moving shard leadership away from {pod}"));
+                }
+            }
+            Step::DrainCn { pod, uid } => {
+                let drain = drains
+                    .iter()
+                    .rev()
+                    .find(|d| d.pod == pod && d.pod_uid == uid);
+                let replaced = obs.pod(&pod).is_none_or(|p| p.uid != uid);
+                match drain {
+                    Some(d) if d.stage == DrainStage::Released || replaced => {
+                        let epoch = d.start_epoch;
+                        self.progress(
+                            now,
+                            Step::Restart {
+                                pod,
+                                old_uid: uid,
+                                old_epoch: epoch,
+                                sent_at: now,
+                            },
+                        );
+                    }
+                    Some(d) if d.end.is_some_and(|e| e != DrainEnd::Released) => {
+                        self.progress(now, Step::NextPod);
+                    }
+                    Some(d) => {
+                        let hold = d.hold.clone().unwrap_or_else(|| "draining".into());
+                        self.wait(format!("draining {pod} before its restart: {hold}"));
+                    }
+                    None => self.step = Step::NextPod,
+                }
+            }
+            Step::Restart {
+                pod,
+                old_uid,
+                old_epoch,
+                sent_at,
+            } => match obs.pod(&pod) {
+                Some(p) if p.uid == old_uid => {
+                    if !p.terminating && now - sent_at >= timing.resend_after {
+                        actions.push(Action::RestartPod {
+                            pod: pod.clone(),
+                            uid: old_uid.clone(),
+                            version: version.clone(),
+                        });
+                        self.step = Step::Restart {
+                            pod: pod.clone(),
+                            old_uid,
+                            old_epoch,
+                            sent_at: now,
+                        };
+                    }
+                    self.wait(format!("waiting for {pod} to restart"));
+                }
+                Some(p) => {
+                    let restarts = p.restarts;
+                    self.progress(
+                        now,
+                        Step::Verify {
+                            pod,
+                            old_epoch,
+                            restarts,
+                            healthy_since: None,
+                        },
+                    );
+                }
+                None => self.wait(format!("waiting for {pod} to be recreated")),
+            },
+            Step::Verify {
+                pod,
+                old_epoch,
+                restarts,
+                healthy_since,
+            } => {
+                if component == Component::Cn {
+                    reopen_restarted_cn(obs, &pod, old_epoch, actions);
+                }
+                let crashed = obs.pod(&pod).map(|p| p.restarts).unwrap_or(restarts) > restarts;
+                let gate = if crashed {
+                    Err(format!("{pod} restarted on its own since it came up"))
+                } else {
+                    pod_gate(obs, component, &pod, &version, old_epoch)
+                };
+                let restarts = obs.pod(&pod).map_or(restarts, |p| p.restarts);
+                match gate {
+                    Ok(()) => {
+                        let since = healthy_since.unwrap_or(now);
+                        let last = self.remaining(obs, component, &version) == 0;
+                        if last || now - since >= timing.stability_window {
+                            // The last pod's window is the phase's settle window.
+                            self.progress(now, Step::NextPod);
+                        } else {
+                            if healthy_since.is_none() {
+                                self.last_progress = now;
+                            }
+                            self.step = Step::Verify {
+                                pod: pod.clone(),
+                                old_epoch,
+                                restarts,
+                                healthy_since: Some(since),
+                            };
+                            self.wait(format!("{pod} healthy, holding for the stability window"));
+                        }
+                    }
+                    Err(e) => {
+                        self.step = Step::Verify {
+                            pod,
+                            old_epoch,
+                            restarts,
+                            healthy_since: None,
+                        };
+                        self.wait(e);
+                    }
+                }
+            }
+            Step::Settle { healthy_since } => {
+                match gates::component_gate(obs, component, &version) {
+                    Ok(()) => {
+                        let since = healthy_since.unwrap_or(now);
+                        if now - since >= timing.stability_window {
+                            self.finish_phase(now, component, actions, &mut report);
+                        } else {
+                            if healthy_since.is_none() {
+                                self.last_progress = now;
+                            }
+                            self.step = Step::Settle {
+                                healthy_since: Some(since),
+                            };
+                            self.wait(format!(
+                                "{component} phase healthy, holding for the stability window"
+                            ));
+                        }
+                    }
+                    Err(e) => {
+                        self.step = Step::Settle {
+                            healthy_since: None,
+                        };
+                        self.wait(format!("{component} phase gate: {e}"));
+                    }
+                }
+            }
+        }
+        report
+    }
+
+    fn remaining(&self, obs: &Observation, component: Component, version: &str) -> usize {
+        obs.pods_of(component)
+            .filter(|p| p.version != version)
+            .count()
+    }
+
+    fn next_pod(
+        &mut self,
+        obs: &Observation,
+        component: Component,
+        version: &str,
+        drains: &mut Vec<Drain>,
+        actions: &mut Vec<Action>,
+        report: &mut StepReport,
+    ) {
+        let now = obs.now;
+        let mut pods: Vec<&PodObservation> = obs.pods_of(component).collect();
+        pods.sort_by(|a, b| a.name.cmp(&b.name));
+        if let Some(busy) = pods.iter().find(|p| p.terminating || p.phase != PodPhase::Running) {
+            self.wait(format!("{} is not running", busy.name));
+            return;
+        }
+        let Some(pod) = pods.iter().find(|p| p.version != version).copied() else {
+            self.progress(
+                now,
+                Step::Settle {
+                    healthy_since: None,
+                },
+            );
+            return;
+        };
+        if let Some(unready) = pods.iter().find(|p| !p.ready) {
+            self.wait(format!("{} is not Ready", unready.name));
+            return;
+        }
+        if !obs
+            .node_images
+            .get(&pod.node)
+            .is_some_and(|images| images.iter().any(|i| i == version))
+        {
+            self.wait(format!("waiting for {version} to be pulled onto {}", pod.node));
+            return;
+        }
+        // Between phases: the previous phase's gate holds again, now.
+        if !self.phase_started && self.phase > 0 && !self.rolling_back {
+            let previous = self.phases[self.phase - 1];
+            if let Err(e) = gates::component_gate(obs, previous, &self.target) {
+                self.wait(format!("{previous} phase gate no longer holds: {e}"));
+                return;
+            }
+        }
+        let pre: Gate = match component {
+            Component::Log => gates::log_restart_margin(obs, &pod.name),
+            Component::Tn => obs
+                .hakeeper
+                .as_ref()
+                .map_err(|e| format!("cannot read HAKeeper: {e}"))
+                .and_then(gates::wal_writable),
+            Component::Cn => gates::other_working_cn(obs, &pod.name),
+            Component::Proxy => {
+                if obs.pods_of(Component::Proxy).count() > 1 {
+                    gates::other_proxy_routes(obs, Some(&pod.name))
+                } else {
+                    Ok(())
+                }
+            }
+        };
+        if let Err(e) = pre {
+            self.wait(format!("before restarting {}: {e}", pod.name));
+            return;
+        }
+        if !self.phase_started {
+            self.phase_started = true;
+            report.phase_started = Some(component);
+        }
+        match component {
+            Component::Log => {
+                self.progress(
+                    now,
+                    Step::MoveLeadership {
+                        pod: pod.name.clone(),
+                        uid: pod.uid.clone(),
+                        sent_at: None,
+                    },
+                );
+            }
+            Component::Cn => {
+                let uuid = pod.cn_uuid.clone().unwrap_or_default();
+                if let Some(other) = drains
+                    .iter()
+                    .find(|d| d.is_active() && d.pod == pod.name && d.pod_uid == pod.uid)
+                {
+                    if !matches!(other.purpose, DrainPurpose::Restart { .. }) {
+                        self.wait(format!("{} is already draining for another reason", pod.name));
+                        return;
+                    }
+                } else {
+                    drains.push(Drain::new(
+                        &pod.name,
+                        &pod.uid,
+                        &uuid,
+                        DrainPurpose::Restart {
+                            version: version.to_string(),
+                        },
+                        now,
+                    ));
+                }
+                self.progress(
+                    now,
+                    Step::DrainCn {
+                        pod: pod.name.clone(),
+                        uid: pod.uid.clone(),
+                    },
+                );
+            }
+            Component::Tn => {
+                let epoch = obs
+                    .hakeeper
+                    .as_ref()
+                    .ok()
+                    .and_then(|d| d.tns.first())
+                    .map(|t| t.start_epoch);
+                self.restart(obs, &pod.name, &pod.uid, epoch, version, actions);
+            }
+            Component::Proxy => self.restart(obs, &pod.name, &pod.uid, None, version, actions),
+        }
+    }
+
+    fn restart(
+        &mut self,
+        obs: &Observation,
+        pod: &str,
+        uid: &str,
+        old_epoch: Option<u64>,
+        version: &str,
+        actions: &mut Vec<Action>,
+    ) {
+        actions.push(Action::RestartPod {
+            pod: pod.to_string(),
+            uid: uid.to_string(),
+            version: version.to_string(),
+        });
+        self.progress(
+            obs.now,
+            Step::Restart {
+                pod: pod.to_string(),
+                old_uid: uid.to_string(),
+                old_epoch,
+                sent_at: obs.now,
+            },
+        );
+    }
+
+    fn finish_phase(
+        &mut self,
+        now: Millis,
+        component: Component,
+        actions: &mut Vec<Action>,
+        report: &mut StepReport,
+    ) {
+        report.phase_finished = Some(component);
+        if self.rolling_back {
+            let reason = format!(
+                "the {component} phase was rolled back to {} after a stall",
+                self.phase_version()
+            );
+            self.status = RolloutStatus::RolledBack {
+                reason: reason.clone(),
+            };
+            report.halted = Some(reason);
+            return;
+        }
+        if component == Component::Log && self.tolerance == Tolerance::Widened {
+            actions.push(Action::SetTnWalTolerance { total: None });
+            self.tolerance = Tolerance::Restored;
+        }
+        self.phase += 1;
+        self.phase_started = false;
+        self.progress(now, Step::NextPod);
+        if self.phase == self.phases.len() {
+            self.status = RolloutStatus::Complete;
+            report.finished = true;
+        }
+    }
+
+    /// The TN tolerates a longer LOG outage while LOG replicas restart; restored after.
+    fn keep_tolerance(
+        &mut self,
+        obs: &Observation,
+        component: Component,
+        timing: &RolloutTiming,
+        actions: &mut Vec<Action>,
+    ) {
+        if component == Component::Log && self.tolerance == Tolerance::Default {
+            self.tolerance = Tolerance::Widened;
+        }
+        match self.tolerance {
+            Tolerance::Widened if obs.tn_wal_tolerance != Some(timing.tn_wal_tolerance) => {
+                actions.push(Action::SetTnWalTolerance {
+                    total: Some(timing.tn_wal_tolerance),
+                });
+            }
+            Tolerance::Restored if obs.tn_wal_tolerance.is_some() => {
+                actions.push(Action::SetTnWalTolerance { total: None });
+            }
+            _ => {}
+        }
+    }
+
+    fn pre_pull(&mut self, obs: &Observation, timing: &RolloutTiming, actions: &mut Vec<Action>) {
+        let mut nodes: Vec<&str> = obs
+            .pods
+            .iter()
+            .filter(|p| p.version != self.target)
+            .map(|p| p.node.as_str())
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        for node in nodes {
+            let present = obs
+                .node_images
+                .get(node)
+                .is_some_and(|i| i.iter().any(|v| *v == self.target));
+            let due = self
+                .pre_pull_sent
+                .get(node)
+                .is_none_or(|t| obs.now - *t >= Millis(timing.resend_after.0 * 12));
+            if !present && due {
+                actions.push(Action::PrePullImage {
+                    node: node.to_string(),
+                    version: self.target.clone(),
+                });
+                self.pre_pull_sent.insert(node.to_string(), obs.now);
+            }
+        }
+    }
+}
+
+/// A CN that restarted with the same UUID inherits its old record's Draining mark: the new
+/// instance (and only a new, fresh one) is set back to Working so it can take sessions.
+fn reopen_restarted_cn(obs: &Observation, pod: &str, old_epoch: Option<u64>, actions: &mut Vec<Action>) {
+    let Some(uuid) = obs.pod(pod).and_then(|p| p.cn_uuid.as_deref()) else {
+        return;
+    };
+    let Ok(details) = obs.hakeeper.as_ref() else {
+        return;
+    };
+    if let Some(record) = gates::cn_record(details, uuid)
+        && Some(record.start_epoch) != old_epoch
+        && record.heartbeat_age <= gates::HEARTBEAT_FRESH
+        && record.work_state == crate::observe::WorkState::Draining
+    {
+        actions.push(Action::SetCnWorkState {
+            uuid: uuid.to_string(),
+            state: crate::observe::WorkState::Working,
+        });
+    }
+}
+
+/// The functional gate of one restarted pod.
+pub fn pod_gate(
+    obs: &Observation,
+    component: Component,
+    pod: &str,
+    version: &str,
+    old_epoch: Option<u64>,
+) -> Gate {
+    match component {
+        Component::Log => gates::log_replica_healthy(obs, pod, version),
+        Component::Tn => gates::tn_healthy(obs, version, old_epoch),
+        Component::Cn => gates::cn_healthy(obs, pod, version, old_epoch),
+        Component::Proxy => gates::proxy_healthy(obs, pod, version),
+    }
+}

@@ -1,0 +1,413 @@
+//! The `safe` policy: the rollout and the drain arbiter driven from one persisted progress
+//! record. A restarted operator rebuilds this policy from the record and re-verifies every
+//! step against fresh observations before acting again (all actions are idempotent).
+
+use crate::action::{Action, Decision, PolicyNote};
+use crate::component::Component;
+use crate::drain::{Drain, DrainPurpose, DrainStage, DrainTiming};
+use crate::gates;
+use crate::observe::{EvictionRequest, Observation, RemovalReason};
+use crate::policy::{EvictionVerdict, Policy, PolicyInput};
+use crate::rollout::{OnStall, Rollout, RolloutStatus, RolloutTiming};
+use crate::time::{Millis, human};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Tunables of the safe policy (the `safe:` section of a scenario, later the CRD's spec).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SafeConfig {
+    /// A restarted pod's gate, and a finished phase's gate, must hold this long.
+    #[serde(with = "human")]
+    pub stability_window: Millis,
+    /// No progress for this long halts the rollout (or rolls the phase back).
+    #[serde(with = "human")]
+    pub stall_timeout: Millis,
+    pub on_stall: OnStall,
+    /// TN WAL tolerance while LOG replicas restart.
+    #[serde(with = "human")]
+    pub tn_wal_tolerance: Millis,
+    /// Pull the new image onto every node before restarting anything.
+    pub pre_pull: bool,
+    /// A webhook-started drain whose evictor stopped retrying this long is cancelled.
+    #[serde(with = "human")]
+    pub eviction_abandon: Millis,
+    /// A drain waiting longer raises an alarm (it keeps waiting).
+    #[serde(with = "human")]
+    pub drain_alarm: Millis,
+    /// The kernel's bind keepalive interval.
+    #[serde(with = "human")]
+    pub keepalive: Millis,
+    /// An action not visibly applied after this is sent again.
+    #[serde(with = "human")]
+    pub resend_after: Millis,
+}
+
+impl Default for SafeConfig {
+    fn default() -> Self {
+        SafeConfig {
+            stability_window: Millis::from_secs(20),
+            stall_timeout: Millis::from_mins(10),
+            on_stall: OnStall::Halt,
+            tn_wal_tolerance: Millis::from_mins(15),
+            pre_pull: true,
+            eviction_abandon: Millis::from_mins(2),
+            drain_alarm: Millis::from_mins(10),
+            keepalive: Millis::from_secs(1),
+            resend_after: Millis::from_secs(5),
+        }
+    }
+}
+
+impl SafeConfig {
+    fn drain_timing(&self) -> DrainTiming {
+        DrainTiming {
+            keepalive: self.keepalive,
+            resend_after: self.resend_after,
+            eviction_abandon: self.eviction_abandon,
+            alarm_after: self.drain_alarm,
+        }
+    }
+
+    fn rollout_timing(&self) -> RolloutTiming {
+        RolloutTiming {
+            stability_window: self.stability_window,
+            stall_timeout: self.stall_timeout,
+            on_stall: self.on_stall,
+            tn_wal_tolerance: self.tn_wal_tolerance,
+            pre_pull: self.pre_pull,
+            resend_after: self.resend_after,
+        }
+    }
+}
+
+/// Everything the policy must not forget across an operator restart.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProgressRecord {
+    pub format: u32,
+    pub rollout: Option<Rollout>,
+    pub drains: Vec<Drain>,
+    /// Set when a persisted record could not be read: the policy then acts on nothing it
+    /// would have needed the record for, and says so.
+    pub unreadable: Option<String>,
+}
+
+pub const RECORD_FORMAT: u32 = 1;
+/// Finished drains kept in the record for reporting.
+const FINISHED_DRAINS_KEPT: usize = 32;
+
+pub struct SafePolicy {
+    config: SafeConfig,
+    record: ProgressRecord,
+    /// Last hold reported per subject, to report changes only (not persisted).
+    reported: BTreeMap<String, String>,
+}
+
+impl SafePolicy {
+    pub fn new(config: SafeConfig) -> Self {
+        SafePolicy {
+            config,
+            record: ProgressRecord {
+                format: RECORD_FORMAT,
+                ..ProgressRecord::default()
+            },
+            reported: BTreeMap::new(),
+        }
+    }
+
+    /// Resumes from a persisted record. An unreadable record is never treated as empty
+    /// progress: the rollout stays halted and says why (drains restart from observations).
+    pub fn resume(config: SafeConfig, record: &str) -> Self {
+        let mut policy = SafePolicy::new(config);
+        match serde_json::from_str::<ProgressRecord>(record) {
+            Ok(r) if r.format == RECORD_FORMAT => policy.record = r,
+            Ok(r) => {
+                policy.record.unreadable =
+                    Some(format!("progress record format {} is not {RECORD_FORMAT}", r.format))
+            }
+            Err(e) => policy.record.unreadable = Some(format!("progress record unreadable: {e}")),
+        }
+        policy
+    }
+
+    pub fn record(&self) -> &ProgressRecord {
+        &self.record
+    }
+
+    fn active_drain(&mut self, pod: &str, uid: &str) -> Option<&mut Drain> {
+        self.record
+            .drains
+            .iter_mut()
+            .find(|d| d.is_active() && d.pod == pod && d.pod_uid == uid)
+    }
+
+    fn sync_removals(&mut self, obs: &Observation) {
+        for removal in &obs.desired.removals {
+            let Some(pod) = obs
+                .pod(&removal.pod)
+                .filter(|p| p.uid == removal.uid && !p.terminating)
+            else {
+                continue;
+            };
+            let Some(uuid) = pod.cn_uuid.clone() else {
+                continue;
+            };
+            if let Some(d) = self.active_drain(&removal.pod, &removal.uid) {
+                // A removal takes over a drain started for an eviction of the same instance.
+                if matches!(d.purpose, DrainPurpose::Evict { .. }) && !d.confirmed() {
+                    d.purpose = DrainPurpose::Remove {
+                        why: why(&removal.reason),
+                    };
+                }
+                continue;
+            }
+            self.record.drains.push(Drain::new(
+                &removal.pod,
+                &removal.uid,
+                &uuid,
+                DrainPurpose::Remove {
+                    why: why(&removal.reason),
+                },
+                obs.now,
+            ));
+        }
+        // A withdrawn removal (claim bound again, scale-in reverted) cancels its drain.
+        for d in self.record.drains.iter_mut().filter(|d| d.is_active()) {
+            if matches!(d.purpose, DrainPurpose::Remove { .. })
+                && d.stage < DrainStage::Released
+                && !obs.desired.removals.iter().any(|r| r.pod == d.pod && r.uid == d.pod_uid)
+            {
+                d.cancel_requested = true;
+            }
+        }
+    }
+
+    fn upgrade(&mut self, obs: &Observation, actions: &mut Vec<Action>, notes: &mut Vec<PolicyNote>) {
+        if let Some(reason) = &self.record.unreadable {
+            let reason = reason.clone();
+            self.note_hold(notes, "rollout", format!("halted: {reason}"));
+            return;
+        }
+        let Some(spec) = &obs.desired.upgrade else {
+            return;
+        };
+        let fresh = self
+            .record
+            .rollout
+            .as_ref()
+            .is_none_or(|r| r.target != spec.target_version);
+        if fresh {
+            self.record.rollout = Some(Rollout::start(spec, obs));
+        }
+        let timing = self.config.rollout_timing();
+        let rollout = self.record.rollout.as_mut().expect("set above");
+        let report = rollout.step(obs, &timing, &mut self.record.drains, actions);
+        if let Some(component) = report.phase_started {
+            notes.push(PolicyNote::PhaseStarted { component });
+        }
+        if let Some(component) = report.phase_finished {
+            notes.push(PolicyNote::PhaseFinished { component });
+        }
+        if report.finished {
+            notes.push(PolicyNote::UpgradeFinished);
+        }
+        let status = rollout.status.clone();
+        let hold = rollout.hold.clone();
+        match status {
+            RolloutStatus::Halted { reason } => self.note_hold(notes, "rollout", format!("halted: {reason}")),
+            RolloutStatus::RolledBack { reason } => {
+                self.note_hold(notes, "rollout", format!("rolled back and halted: {reason}"))
+            }
+            RolloutStatus::Complete => {
+                self.reported.remove("rollout");
+            }
+            RolloutStatus::Running => {
+                if let Some(hold) = hold {
+                    self.note_hold(notes, "rollout", hold);
+                }
+            }
+        }
+    }
+
+    fn note_hold(&mut self, notes: &mut Vec<PolicyNote>, subject: &str, reason: String) {
+        if self.reported.get(subject) != Some(&reason) {
+            self.reported.insert(subject.to_string(), reason.clone());
+            notes.push(PolicyNote::Holding {
+                subject: subject.to_string(),
+                reason,
+            });
+        }
+    }
+
+    /// What the policy waits on now, per subject (for conditions and liveness checks).
+    pub fn holds(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = self
+            .record
+            .drains
+            .iter()
+            .filter(|d| d.is_active())
+            .filter_map(|d| d.hold.clone().map(|h| (d.pod.clone(), h)))
+            .collect();
+        if let Some(r) = &self.record.rollout {
+            match &r.status {
+                RolloutStatus::Running => {
+                    if let Some(h) = &r.hold {
+                        out.push(("rollout".into(), h.clone()));
+                    }
+                }
+                RolloutStatus::Halted { reason } | RolloutStatus::RolledBack { reason } => {
+                    out.push(("rollout".into(), reason.clone()))
+                }
+                RolloutStatus::Complete => {}
+            }
+        }
+        out
+    }
+}
+
+fn why(reason: &RemovalReason) -> String {
+    match reason {
+        RemovalReason::ScaleIn => "scale-in".into(),
+        RemovalReason::PoolReclaim { requested_by } => format!("pool reclaim by {requested_by}"),
+    }
+}
+
+impl Policy for SafePolicy {
+    fn name(&self) -> &str {
+        "safe"
+    }
+
+    fn decide(&mut self, input: PolicyInput<'_>) -> Decision {
+        let obs = input.observation;
+        let mut actions = Vec::new();
+        let mut notes = Vec::new();
+        for d in self.record.drains.iter_mut().filter(|d| d.is_active()) {
+            d.absorb(input.results);
+        }
+        self.sync_removals(obs);
+        let timing = self.config.drain_timing();
+        let mut released = Vec::new();
+        for d in self.record.drains.iter_mut().filter(|d| d.is_active()) {
+            let before = d.stage;
+            d.step(obs, &timing, &mut actions);
+            if d.stage == DrainStage::Released && before != DrainStage::Released {
+                released.push(d.pod.clone());
+            }
+        }
+        for pod in released {
+            notes.push(PolicyNote::Released {
+                subject: pod.clone(),
+                reason: "drain confirmed for this exact instance".into(),
+            });
+        }
+        self.upgrade(obs, &mut actions, &mut notes);
+        let holds: Vec<(String, String, bool)> = self
+            .record
+            .drains
+            .iter()
+            .filter(|d| d.is_active())
+            .filter_map(|d| d.hold.clone().map(|h| (d.pod.clone(), h, d.alarmed)))
+            .collect();
+        for (pod, hold, alarmed) in holds {
+            let reason = if alarmed { format!("ALARM (drain is long): {hold}") } else { hold };
+            self.note_hold(&mut notes, &pod, reason);
+        }
+        // Keep the record bounded: only the newest finished drains stay.
+        let finished = self.record.drains.iter().filter(|d| !d.is_active()).count();
+        if finished > FINISHED_DRAINS_KEPT {
+            let mut drop = finished - FINISHED_DRAINS_KEPT;
+            self.record.drains.retain(|d| {
+                if !d.is_active() && drop > 0 {
+                    drop -= 1;
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        Decision { actions, notes }
+    }
+
+    fn review_eviction(&mut self, obs: &Observation, request: &EvictionRequest) -> EvictionVerdict {
+        let Some(pod) = obs.pod(&request.pod).filter(|p| p.uid == request.uid) else {
+            return EvictionVerdict::Deny {
+                reason: format!("cannot verify pod {} ({}): retry later", request.pod, request.uid),
+            };
+        };
+        match pod.component {
+            Component::Cn => {
+                let now = obs.now;
+                let (name, uid) = (pod.name.clone(), pod.uid.clone());
+                if let Some(d) = self.active_drain(&name, &uid) {
+                    d.last_eviction_at = Some(now);
+                    if d.confirmed() {
+                        return EvictionVerdict::Allow;
+                    }
+                    let hold = d.hold.clone().unwrap_or_else(|| "starting".into());
+                    return EvictionVerdict::Deny {
+                        reason: format!("{name} is draining before it may leave: {hold}"),
+                    };
+                }
+                let Some(uuid) = pod.cn_uuid.clone() else {
+                    return EvictionVerdict::Deny {
+                        reason: format!("{name}: no CN UUID"),
+                    };
+                };
+                self.record.drains.push(Drain::new(
+                    &name,
+                    &uid,
+                    &uuid,
+                    DrainPurpose::Evict {
+                        source: request.source.clone(),
+                    },
+                    now,
+                ));
+                EvictionVerdict::Deny {
+                    reason: format!(
+                        "{name} may own lock tables other CNs use: draining it first (sessions move, \
+                         lock tables hand over, this instance confirms); retry"
+                    ),
+                }
+            }
+            Component::Log => {
+                if self
+                    .record
+                    .rollout
+                    .as_ref()
+                    .is_some_and(|r| r.log_restart_in_flight())
+                {
+                    return EvictionVerdict::Deny {
+                        reason: "a LOG replica is being restarted by the rollout: retry".into(),
+                    };
+                }
+                match gates::log_restart_margin(obs, &pod.name) {
+                    Ok(()) => EvictionVerdict::Allow,
+                    Err(e) => EvictionVerdict::Deny {
+                        reason: format!("evicting {} would risk LOG quorum: {e}", pod.name),
+                    },
+                }
+            }
+            Component::Tn => EvictionVerdict::Deny {
+                reason: format!(
+                    "{} is the only TN (no standby): evicting it stops every commit; the operator \
+                     restarts it only in a rollout",
+                    pod.name
+                ),
+            },
+            Component::Proxy => match gates::other_proxy_routes(obs, Some(&pod.name)) {
+                Ok(()) => EvictionVerdict::Allow,
+                Err(e) => EvictionVerdict::Deny {
+                    reason: format!("evicting {} leaves clients without a route: {e}", pod.name),
+                },
+            },
+        }
+    }
+
+    fn progress_record(&self) -> Option<String> {
+        Some(serde_json::to_string(&self.record).expect("the record serializes"))
+    }
+
+    fn waiting_on(&self) -> Vec<(String, String)> {
+        self.holds()
+    }
+}
