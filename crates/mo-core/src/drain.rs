@@ -234,6 +234,12 @@ impl Drain {
             }
             Some(_) => {}
         }
+        // A webhook-started drain whose evictor went away is withdrawn.
+        if matches!(self.purpose, DrainPurpose::Evict { .. })
+            && self.last_eviction_at.is_none_or(|t| now - t >= timing.eviction_abandon)
+        {
+            self.cancel_requested = true;
+        }
         if self.cancel_requested && self.stage < DrainStage::Released {
             self.set_stage(DrainStage::Cancelling, now);
         }
@@ -306,10 +312,6 @@ impl Drain {
                     self.hold(format!(
                         "confirmed: the eviction by {source} is allowed on its next try"
                     ));
-                    let idle = self.last_eviction_at.map_or(Millis::ZERO, |t| now - t);
-                    if idle >= timing.eviction_abandon {
-                        self.cancel_requested = true;
-                    }
                 }
                 _ => self.release(now, actions),
             }
@@ -528,30 +530,32 @@ mod tests {
     /// Every uncertain reading holds; none releases.
     #[test]
     fn uncertainty_never_releases() {
-        let uncertain: Vec<(&str, Box<dyn Fn(&mut Observation)>)> = vec![
-            ("hakeeper unavailable", Box::new(|o| o.hakeeper = Err(ObservationError::Unavailable("x".into())))),
-            ("hakeeper timeout", Box::new(|o| o.hakeeper = Err(ObservationError::Timeout("x".into())))),
-            ("cn does not exist", Box::new(|o| o.hakeeper.as_mut().unwrap().cns.clear())),
-            ("stale heartbeat", Box::new(|o| o.hakeeper.as_mut().unwrap().cns[0].heartbeat_age = Millis(60_000))),
-            ("instance mismatch", Box::new(|o| o.hakeeper.as_mut().unwrap().cns[0].start_epoch = 8)),
-            ("allocator down", Box::new(|o| o.lock_allocator = Err(ObservationError::Unavailable("tn".into())))),
-            ("handshake not done", Box::new(|o| {
+        type Spoil = Box<dyn Fn(&mut Observation, u64)>;
+        let uncertain: Vec<(&str, Spoil)> = vec![
+            ("hakeeper unavailable", Box::new(|o, _| o.hakeeper = Err(ObservationError::Unavailable("x".into())))),
+            ("hakeeper timeout", Box::new(|o, _| o.hakeeper = Err(ObservationError::Timeout("x".into())))),
+            ("cn does not exist", Box::new(|o, _| o.hakeeper.as_mut().unwrap().cns.clear())),
+            ("stale heartbeat", Box::new(|o, _| o.hakeeper.as_mut().unwrap().cns[0].heartbeat_age = Millis(60_000))),
+            // The instance keeps changing under the drain: no confirmation is ever its own.
+            ("instance mismatch", Box::new(|o, t| o.hakeeper.as_mut().unwrap().cns[0].start_epoch = 8 + t)),
+            ("allocator down", Box::new(|o, _| o.lock_allocator = Err(ObservationError::Unavailable("tn".into())))),
+            ("handshake not done", Box::new(|o, _| {
                 o.lock_allocator.as_mut().unwrap().restarting.get_mut("u1").unwrap().can_restart = false;
             })),
-            ("txns remain", Box::new(|o| {
+            ("txns remain", Box::new(|o, _| {
                 o.lock_allocator.as_mut().unwrap().restarting.get_mut("u1").unwrap().remaining_txns = 2;
             })),
-            ("inconsistent allocator", Box::new(|o| {
+            ("inconsistent allocator", Box::new(|o, _| {
                 o.lock_allocator.as_mut().unwrap().restarting.get_mut("u1").unwrap().remaining_txns = -1;
             })),
-            ("handshake forgotten", Box::new(|o| { o.lock_allocator.as_mut().unwrap().restarting.clear(); })),
-            ("sessions back", Box::new(|o| {
+            ("handshake forgotten", Box::new(|o, _| { o.lock_allocator.as_mut().unwrap().restarting.clear(); })),
+            ("sessions back", Box::new(|o, _| {
                 o.cn_activity.insert("cn-1".into(), Ok(CnActivity { sessions: 1, pipelines: 0, replicas: 0 }));
             })),
-            ("query service error", Box::new(|o| {
+            ("query service error", Box::new(|o, _| {
                 o.cn_activity.insert("cn-1".into(), Err(ObservationError::DoesNotExist("cn".into())));
             })),
-            ("draining mark lost", Box::new(|o| o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Working)),
+            ("draining mark lost", Box::new(|o, _| o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Working)),
         ];
         for (name, spoil) in uncertain {
             let mut d = remove();
@@ -559,9 +563,9 @@ mod tests {
             let mut o = obs(5_000);
             draining(&mut o);
             confirm(&mut o);
-            spoil(&mut o);
             // However long it lasts: hours of ticks, nothing is deleted.
             for t in 0..100u64 {
+                spoil(&mut o, t);
                 o.now = Millis(5_000 + t * 60_000);
                 let mut a = vec![];
                 d.step(&o, &TIMING, &mut a);
@@ -589,7 +593,20 @@ mod tests {
         d.step(&o, &TIMING, &mut a);
         assert!(!a.iter().any(|x| matches!(x, Action::DeletePod { .. })), "{a:?}");
         assert_eq!(d.start_epoch, Some(8));
-        assert!(d.hold.as_deref().unwrap().contains("instance mismatch"));
+        // The handshake starts again for the new instance (the kernel resets its answer).
+        assert!(a.contains(&Action::SetRestartService { uuid: "u1".into() }), "{a:?}");
+        o.lock_allocator.as_mut().unwrap().restarting.get_mut("u1").unwrap().can_restart = false;
+        for t in 1..5 {
+            o.now = Millis(5_000 + t * 1_000);
+            a.clear();
+            d.step(&o, &TIMING, &mut a);
+            assert!(!a.iter().any(|x| matches!(x, Action::DeletePod { .. })));
+        }
+        // Only the new instance's own confirmation releases it.
+        confirm(&mut o);
+        o.now = Millis(10_000);
+        d.step(&o, &TIMING, &mut a);
+        assert!(a.iter().any(|x| matches!(x, Action::DeletePod { .. })));
     }
 
     #[test]
