@@ -6,7 +6,7 @@
 //! CN protected and says why. Nothing here releases on a timeout.
 
 use crate::action::{Action, ActionError, ActionOutput, ActionResult};
-use crate::gates::{HEARTBEAT_FRESH, cn_record};
+use crate::gates::{Gate, HEARTBEAT_FRESH, cn_record};
 use crate::observe::{DrainAnswer, Observation, WorkState};
 use crate::time::Millis;
 use serde::{Deserialize, Serialize};
@@ -169,19 +169,30 @@ impl Drain {
 
     /// One step from a fresh observation. Actions are appended; nothing is released unless
     /// this instance's confirmation is observed in this very observation.
-    pub fn step(&mut self, obs: &Observation, timing: &DrainTiming, actions: &mut Vec<Action>) {
+    /// `may_start`: marking this CN Draining leaves another Working CN for the workload (the
+    /// policy decides, seeing every drain); until then the drain waits before its first step.
+    pub fn step(
+        &mut self,
+        obs: &Observation,
+        timing: &DrainTiming,
+        may_start: Gate,
+        actions: &mut Vec<Action>,
+    ) {
         let now = obs.now;
         if self.stage == DrainStage::Finished {
             return;
         }
         // The pod: gone or replaced ends the drain of this instance.
         let Some(pod) = obs.pod(&self.pod).filter(|p| p.uid == self.pod_uid) else {
-            let end = if self.stage == DrainStage::Released {
-                DrainEnd::Released
+            if self.stage == DrainStage::Released {
+                if matches!(self.purpose, DrainPurpose::Remove { .. }) {
+                    self.finish(DrainEnd::Released, now);
+                } else {
+                    self.reopen(obs, actions);
+                }
             } else {
-                DrainEnd::InstanceGone
-            };
-            self.finish(end, now);
+                self.finish(DrainEnd::InstanceGone, now);
+            }
             return;
         };
         if self.stage == DrainStage::Released {
@@ -265,6 +276,9 @@ impl Drain {
         if self.stage == DrainStage::MarkDraining {
             if record.work_state == WorkState::Draining {
                 self.set_stage(DrainStage::MigrateSessions, now);
+            } else if let Err(why) = may_start {
+                self.hold(format!("not draining {} yet: {why}", self.pod));
+                return;
             } else {
                 actions.push(Action::SetCnWorkState {
                     uuid: self.cn_uuid.clone(),
@@ -394,6 +408,32 @@ impl Drain {
         true
     }
 
+    /// The pod came back (restart, or recreated after an eviction) with the same UUID: its
+    /// HAKeeper record still says Draining. Only a new, fresh instance is set Working.
+    fn reopen(&mut self, obs: &Observation, actions: &mut Vec<Action>) {
+        let now = obs.now;
+        let new_pod = obs
+            .pod(&self.pod)
+            .filter(|p| p.uid != self.pod_uid && !p.terminating && p.ready);
+        let record = obs
+            .hakeeper
+            .as_ref()
+            .ok()
+            .and_then(|d| cn_record(d, &self.cn_uuid))
+            .filter(|r| Some(r.start_epoch) != self.start_epoch && r.heartbeat_age <= HEARTBEAT_FRESH);
+        match (new_pod, record) {
+            (Some(_), Some(r)) if r.work_state == WorkState::Draining => {
+                actions.push(Action::SetCnWorkState {
+                    uuid: self.cn_uuid.clone(),
+                    state: WorkState::Working,
+                });
+                self.hold(format!("returning the new instance of {} to Working", self.pod));
+            }
+            (Some(_), Some(_)) => self.finish(DrainEnd::Released, now),
+            _ => self.hold(format!("waiting for the new instance of {} to register", self.pod)),
+        }
+    }
+
     fn resend_due(&self, sent: Option<Millis>, now: Millis, timing: &DrainTiming) -> bool {
         sent.is_none_or(|t| now - t >= timing.resend_after)
     }
@@ -465,6 +505,7 @@ mod tests {
             cn_activity: BTreeMap::from([("cn-1".to_string(), Ok(CnActivity::default()))]),
             proxy_routes: BTreeMap::new(),
             node_images: BTreeMap::new(),
+            unschedulable_nodes: vec![],
             tn_wal_tolerance: None,
             desired: DesiredState::default(),
         }
@@ -500,12 +541,12 @@ mod tests {
     fn to_handover(d: &mut Drain) -> Vec<Action> {
         let mut a = vec![];
         let mut o = obs(1_000);
-        d.step(&o, &TIMING, &mut a);
+        d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(matches!(a[0], Action::SetCnWorkState { state: WorkState::Draining, .. }));
         draining(&mut o);
         o.now = Millis(2_000);
         a.clear();
-        d.step(&o, &TIMING, &mut a);
+        d.step(&o, &TIMING, Ok(()), &mut a);
         assert_eq!(a, vec![Action::SetRestartService { uuid: "u1".into() }]);
         a
     }
@@ -518,12 +559,12 @@ mod tests {
         draining(&mut o);
         confirm(&mut o);
         let mut a = vec![];
-        d.step(&o, &TIMING, &mut a);
+        d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(matches!(&a[..], [Action::DeletePod { uid, .. }] if uid == "uid-1"));
         assert_eq!(d.stage, DrainStage::Released);
         // The pod goes away: the drain ends as released.
         o.pods.clear();
-        d.step(&o, &TIMING, &mut vec![]);
+        d.step(&o, &TIMING, Ok(()), &mut vec![]);
         assert_eq!(d.end, Some(DrainEnd::Released));
     }
 
@@ -568,7 +609,7 @@ mod tests {
                 spoil(&mut o, t);
                 o.now = Millis(5_000 + t * 60_000);
                 let mut a = vec![];
-                d.step(&o, &TIMING, &mut a);
+                d.step(&o, &TIMING, Ok(()), &mut a);
                 assert!(
                     !a.iter().any(|x| matches!(x, Action::DeletePod { .. } | Action::RestartPod { .. })),
                     "{name}: released on {a:?}"
@@ -590,7 +631,7 @@ mod tests {
         // answers "can restart" for the UUID.
         o.hakeeper.as_mut().unwrap().cns[0].start_epoch = 8;
         let mut a = vec![];
-        d.step(&o, &TIMING, &mut a);
+        d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(!a.iter().any(|x| matches!(x, Action::DeletePod { .. })), "{a:?}");
         assert_eq!(d.start_epoch, Some(8));
         // The handshake starts again for the new instance (the kernel resets its answer).
@@ -599,13 +640,13 @@ mod tests {
         for t in 1..5 {
             o.now = Millis(5_000 + t * 1_000);
             a.clear();
-            d.step(&o, &TIMING, &mut a);
+            d.step(&o, &TIMING, Ok(()), &mut a);
             assert!(!a.iter().any(|x| matches!(x, Action::DeletePod { .. })));
         }
         // Only the new instance's own confirmation releases it.
         confirm(&mut o);
         o.now = Millis(10_000);
-        d.step(&o, &TIMING, &mut a);
+        d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(a.iter().any(|x| matches!(x, Action::DeletePod { .. })));
     }
 
@@ -616,7 +657,7 @@ mod tests {
         o.lock_allocator.as_mut().unwrap().drain_protocol = true;
         draining(&mut o);
         let mut a = vec![];
-        d.step(&o, &TIMING, &mut a);
+        d.step(&o, &TIMING, Ok(()), &mut a);
         assert_eq!(a, vec![Action::BeginDrain { uuid: "u1".into(), start_epoch: 7 }]);
         d.absorb(&[ActionResult {
             action: a[0].clone(),
@@ -625,18 +666,18 @@ mod tests {
         // The allocator forgot the id (TN restart): not done, begin again.
         o.now = Millis(2_000);
         a.clear();
-        d.step(&o, &TIMING, &mut a);
+        d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(a.is_empty() && d.kernel_drain_id.is_none());
         o.now = Millis(3_000);
-        d.step(&o, &TIMING, &mut a);
+        d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(matches!(a[0], Action::BeginDrain { .. }));
         d.absorb(&[ActionResult { action: a[0].clone(), result: Ok(ActionOutput::DrainId { drain_id: 43 }) }]);
         o.lock_allocator.as_mut().unwrap().drains.insert(43, DrainAnswer::Pending { remaining_txns: 3 });
         a.clear();
-        d.step(&o, &TIMING, &mut a);
+        d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(a.is_empty());
         o.lock_allocator.as_mut().unwrap().drains.insert(43, DrainAnswer::Done);
-        d.step(&o, &TIMING, &mut a);
+        d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(matches!(&a[..], [Action::DeletePod { .. }]));
     }
 
@@ -648,15 +689,15 @@ mod tests {
         draining(&mut o);
         confirm(&mut o);
         let mut a = vec![];
-        d.step(&o, &TIMING, &mut a);
+        d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(a.is_empty(), "the evictor deletes, not us");
         assert!(d.confirmed());
         o.now = Millis(200_000);
-        d.step(&o, &TIMING, &mut a);
+        d.step(&o, &TIMING, Ok(()), &mut a);
         assert_eq!(d.stage, DrainStage::Cancelling);
         assert!(a.iter().any(|x| matches!(x, Action::SetCnWorkState { state: WorkState::Working, .. })));
         o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Working;
-        d.step(&o, &TIMING, &mut vec![]);
+        d.step(&o, &TIMING, Ok(()), &mut vec![]);
         assert_eq!(d.end, Some(DrainEnd::Cancelled));
     }
 
@@ -667,7 +708,7 @@ mod tests {
         let mut o = obs(5_000);
         o.pods[0].uid = "uid-2".into();
         let mut a = vec![];
-        d.step(&o, &TIMING, &mut a);
+        d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(a.is_empty());
         assert_eq!(d.end, Some(DrainEnd::InstanceGone));
     }
@@ -679,11 +720,11 @@ mod tests {
         let mut o = obs(5_000);
         draining(&mut o);
         confirm(&mut o);
-        d.step(&o, &TIMING, &mut vec![]);
+        d.step(&o, &TIMING, Ok(()), &mut vec![]);
         assert_eq!(d.stage, DrainStage::Released);
         o.now = Millis(11_000);
         let mut a = vec![];
-        d.step(&o, &TIMING, &mut a);
+        d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(matches!(&a[..], [Action::DeletePod { uid, .. }] if uid == "uid-1"));
     }
 }

@@ -228,16 +228,27 @@ pub fn component_gate(obs: &Observation, component: Component, version: &str) ->
     }
 }
 
+/// Whether the CN pod takes workload sessions (an Idle pooled CN does not).
+pub fn serves_workload(pod: &PodObservation) -> bool {
+    !matches!(
+        pod.pool_phase,
+        Some(crate::observe::PoolPhase::Idle | crate::observe::PoolPhase::Draining)
+    )
+}
+
 /// Another CN that serves the workload is Working and fresh, so sessions have somewhere to go.
 pub fn other_working_cn(obs: &Observation, except: &str) -> Gate {
+    other_working_cn_excluding(obs, except, &[])
+}
+
+/// As [`other_working_cn`], not counting CNs in `draining` (drains already under way).
+pub fn other_working_cn_excluding(obs: &Observation, except: &str, draining: &[String]) -> Gate {
     let d = details(obs)?;
     let found = obs.pods_of(Component::Cn).any(|p| {
         p.name != except
+            && !draining.contains(&p.name)
             && pod_running(p)
-            && !matches!(
-                p.pool_phase,
-                Some(crate::observe::PoolPhase::Idle | crate::observe::PoolPhase::Draining)
-            )
+            && serves_workload(p)
             && p.cn_uuid
                 .as_deref()
                 .and_then(|u| cn_record(d, u))

@@ -200,6 +200,8 @@ pub struct Observation {
     pub proxy_routes: BTreeMap<String, Result<u32, ObservationError>>,
     /// Images present on each node (`node.status.images`).
     pub node_images: BTreeMap<String, Vec<String>>,
+    /// Nodes new pods cannot go to (cordoned or not Ready).
+    pub unschedulable_nodes: Vec<String>,
     /// The TN's WAL tolerance override as configured now (`None`: the kernel default).
     pub tn_wal_tolerance: Option<crate::time::Millis>,
     pub desired: DesiredState,

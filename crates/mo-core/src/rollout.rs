@@ -95,6 +95,9 @@ pub struct Rollout {
     pub pre_pull_sent: BTreeMap<String, Millis>,
     /// What the rollout waits on now.
     pub hold: Option<String>,
+    /// Since when the pod being restarted or verified has been missing.
+    #[serde(default)]
+    pub absent_since: Option<Millis>,
 }
 
 /// What happened this step, for the policy to report.
@@ -125,6 +128,7 @@ impl Rollout {
             tolerance: Tolerance::Default,
             pre_pull_sent: BTreeMap::new(),
             hold: None,
+            absent_since: None,
         }
     }
 
@@ -147,6 +151,12 @@ impl Rollout {
                 self.step,
                 Step::MoveLeadership { .. } | Step::Restart { .. } | Step::Verify { .. }
             )
+    }
+
+    /// A pod missing for a few seconds is not coming back (a recreated pod reappears at once).
+    fn absent_too_long(&mut self, now: Millis, resend_after: Millis) -> bool {
+        let since = *self.absent_since.get_or_insert(now);
+        now - since >= resend_after
     }
 
     fn progress(&mut self, now: Millis, step: Step) {
@@ -205,7 +215,18 @@ impl Rollout {
             self.pre_pull(obs, timing, actions);
         }
         let version = self.phase_version();
+        let watched = match &self.step {
+            Step::Verify { pod, .. } | Step::Restart { pod, .. } => Some(pod.clone()),
+            _ => None,
+        };
+        if watched.is_none_or(|p| obs.pod(&p).is_some()) {
+            self.absent_since = None;
+        }
         match self.step.clone() {
+            Step::Verify { pod, .. } | Step::Restart { pod, .. } if obs.pod(&pod).is_none() && self.absent_too_long(now, timing.resend_after) => {
+                // Removed meanwhile (scale-in): nothing left to verify for it.
+                self.progress(now, Step::NextPod);
+            }
             Step::NextPod => self.next_pod(obs, component, &version, drains, actions, &mut report),
             Step::MoveLeadership { pod, uid, sent_at } => {
                 if let Err(e) = gates::log_restart_margin(obs, &pod) {
@@ -304,9 +325,6 @@ impl Rollout {
                 restarts,
                 healthy_since,
             } => {
-                if component == Component::Cn {
-                    reopen_restarted_cn(obs, &pod, old_epoch, actions);
-                }
                 let crashed = obs.pod(&pod).map(|p| p.restarts).unwrap_or(restarts) > restarts;
                 let gate = if crashed {
                     Err(format!("{pod} restarted on its own since it came up"))
@@ -410,12 +428,23 @@ impl Rollout {
             self.wait(format!("{} is not Ready", unready.name));
             return;
         }
-        if !obs
-            .node_images
-            .get(&pod.node)
-            .is_some_and(|images| images.iter().any(|i| i == version))
-        {
-            self.wait(format!("waiting for {version} to be pulled onto {}", pod.node));
+        // The replacement starts on the same node, or anywhere schedulable if that node is
+        // cordoned: the image must be there already (a pull would stretch the downtime).
+        let has_image = |node: &str| {
+            obs.node_images
+                .get(node)
+                .is_some_and(|images| images.iter().any(|i| i == version))
+        };
+        let missing = if obs.unschedulable_nodes.contains(&pod.node) {
+            obs.node_images
+                .keys()
+                .find(|n| !obs.unschedulable_nodes.contains(n) && !has_image(n))
+                .cloned()
+        } else {
+            (!has_image(&pod.node)).then(|| pod.node.clone())
+        };
+        if let Some(node) = missing {
+            self.wait(format!("waiting for {version} to be pulled onto {node}"));
             return;
         }
         // Between phases: the previous phase's gate holds again, now.
@@ -433,7 +462,14 @@ impl Rollout {
                 .as_ref()
                 .map_err(|e| format!("cannot read HAKeeper: {e}"))
                 .and_then(gates::wal_writable),
-            Component::Cn => gates::other_working_cn(obs, &pod.name),
+            Component::Cn => {
+                let draining: Vec<String> = drains
+                    .iter()
+                    .filter(|d| d.is_active() && d.stage < DrainStage::Released)
+                    .map(|d| d.pod.clone())
+                    .collect();
+                gates::other_working_cn_excluding(obs, &pod.name, &draining)
+            }
             Component::Proxy => {
                 if obs.pods_of(Component::Proxy).count() > 1 {
                     gates::other_proxy_routes(obs, Some(&pod.name))
@@ -584,12 +620,19 @@ impl Rollout {
         }
     }
 
+    /// Every node that runs an old pod or could take a replacement pulls the new image.
     fn pre_pull(&mut self, obs: &Observation, timing: &RolloutTiming, actions: &mut Vec<Action>) {
         let mut nodes: Vec<&str> = obs
             .pods
             .iter()
             .filter(|p| p.version != self.target)
             .map(|p| p.node.as_str())
+            .chain(
+                obs.node_images
+                    .keys()
+                    .map(String::as_str)
+                    .filter(|n| !obs.unschedulable_nodes.iter().any(|u| u == n)),
+            )
             .collect();
         nodes.sort_unstable();
         nodes.dedup();
@@ -610,27 +653,6 @@ impl Rollout {
                 self.pre_pull_sent.insert(node.to_string(), obs.now);
             }
         }
-    }
-}
-
-/// A CN that restarted with the same UUID inherits its old record's Draining mark: the new
-/// instance (and only a new, fresh one) is set back to Working so it can take sessions.
-fn reopen_restarted_cn(obs: &Observation, pod: &str, old_epoch: Option<u64>, actions: &mut Vec<Action>) {
-    let Some(uuid) = obs.pod(pod).and_then(|p| p.cn_uuid.as_deref()) else {
-        return;
-    };
-    let Ok(details) = obs.hakeeper.as_ref() else {
-        return;
-    };
-    if let Some(record) = gates::cn_record(details, uuid)
-        && Some(record.start_epoch) != old_epoch
-        && record.heartbeat_age <= gates::HEARTBEAT_FRESH
-        && record.work_state == crate::observe::WorkState::Draining
-    {
-        actions.push(Action::SetCnWorkState {
-            uuid: uuid.to_string(),
-            state: crate::observe::WorkState::Working,
-        });
     }
 }
 

@@ -265,6 +265,14 @@ impl SafePolicy {
     }
 }
 
+fn purpose_name(purpose: &DrainPurpose) -> &'static str {
+    match purpose {
+        DrainPurpose::Remove { .. } => "removal",
+        DrainPurpose::Restart { .. } => "restart",
+        DrainPurpose::Evict { .. } => "eviction",
+    }
+}
+
 fn why(reason: &RemovalReason) -> String {
     match reason {
         RemovalReason::ScaleIn => "scale-in".into(),
@@ -287,9 +295,27 @@ impl Policy for SafePolicy {
         self.sync_removals(obs);
         let timing = self.config.drain_timing();
         let mut released = Vec::new();
+        // CNs already draining (marked, or about to be this tick) do not count as a place for
+        // sessions to go: two drains never strand the workload together.
+        let mut draining: Vec<String> = self
+            .record
+            .drains
+            .iter()
+            .filter(|d| d.is_active() && d.stage > DrainStage::MarkDraining && d.stage < DrainStage::Released)
+            .map(|d| d.pod.clone())
+            .collect();
         for d in self.record.drains.iter_mut().filter(|d| d.is_active()) {
             let before = d.stage;
-            d.step(obs, &timing, &mut actions);
+            let serves = obs.pod(&d.pod).is_some_and(gates::serves_workload);
+            let may_start = if serves && before == DrainStage::MarkDraining {
+                gates::other_working_cn_excluding(obs, &d.pod, &draining)
+            } else {
+                Ok(())
+            };
+            d.step(obs, &timing, may_start, &mut actions);
+            if before == DrainStage::MarkDraining && d.stage != before && serves {
+                draining.push(d.pod.clone());
+            }
             if d.stage == DrainStage::Released && before != DrainStage::Released {
                 released.push(d.pod.clone());
             }
@@ -306,11 +332,14 @@ impl Policy for SafePolicy {
             .drains
             .iter()
             .filter(|d| d.is_active())
-            .filter_map(|d| d.hold.clone().map(|h| (d.pod.clone(), h, d.alarmed)))
+            .filter_map(|d| {
+                let subject = format!("{} ({})", d.pod, purpose_name(&d.purpose));
+                d.hold.clone().map(|h| (subject, h, d.alarmed))
+            })
             .collect();
         for (pod, hold, alarmed) in holds {
             let reason = if alarmed { format!("ALARM (drain is long): {hold}") } else { hold };
-            self.note_hold(&mut notes, &pod, reason);
+            self.note_hold(&mut notes, &format!("drain {pod}"), reason);
         }
         // Keep the record bounded: only the newest finished drains stay.
         let finished = self.record.drains.iter().filter(|d| !d.is_active()).count();
@@ -341,6 +370,9 @@ impl Policy for SafePolicy {
                 if let Some(d) = self.active_drain(&name, &uid) {
                     d.last_eviction_at = Some(now);
                     if d.confirmed() {
+                        // The evictor deletes it; the arbiter follows the pod to its end.
+                        d.stage = DrainStage::Released;
+                        d.release_sent_at = Some(now);
                         return EvictionVerdict::Allow;
                     }
                     let hold = d.hold.clone().unwrap_or_else(|| "starting".into());

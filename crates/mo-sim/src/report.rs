@@ -67,6 +67,16 @@ pub struct Report {
     /// What the policy waits on at the end of the run, per subject.
     pub waiting_on: BTreeMap<String, String>,
     pub operator_restarts: u64,
+    /// Invariant violations found while running (only when invariants were checked).
+    pub violations: Vec<Violation>,
+}
+
+/// A broken invariant, found on the event where it broke.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Violation {
+    pub at: f64,
+    pub invariant: String,
+    pub detail: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -182,7 +182,7 @@ impl Simulation {
             }
             Component::Proxy => {
                 self.proxy_begin_shutdown(p);
-                self.after(self.t.proxy_shutdown, Ev::ProcessExit(p, epoch));
+                self.maybe_proxy_exit(p);
             }
         }
     }

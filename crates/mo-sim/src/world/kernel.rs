@@ -754,6 +754,22 @@ impl Simulation {
         self.update_route_state();
     }
 
+    /// A stopping proxy exits once no transaction runs through it (or at SIGKILL).
+    pub(crate) fn maybe_proxy_exit(&mut self, p: PodId) {
+        let pod = &self.pods[p];
+        if !pod.sigterm_sent || !pod.process_alive || pod.component != Component::Proxy {
+            return;
+        }
+        let busy = self
+            .clients
+            .iter()
+            .any(|c| c.proxy == Some(p) && c.txn.is_some());
+        if !busy {
+            let epoch = pod.epoch;
+            self.after(self.t.proxy_shutdown, Ev::ProcessExit(p, epoch));
+        }
+    }
+
     pub(crate) fn proxy_process_exited(&mut self, p: PodId) {
         if let Some(proxy) = self.proxies.get_mut(&p) {
             proxy.running = false;

@@ -344,6 +344,8 @@ pub struct RunOptions {
     pub record_events: bool,
     /// Keep every transaction outcome for invariant checks (tests, campaigns).
     pub audit: bool,
+    /// Check the safety invariants after every event (campaigns).
+    pub check_invariants: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -404,6 +406,11 @@ pub struct Simulation {
     pub(crate) policy_record: Option<String>,
     pub(crate) crash_pending: Option<bool>,
     pub(crate) operator_restarts: u64,
+    pub(crate) check_invariants: bool,
+    pub(crate) violations: Vec<crate::report::Violation>,
+    pub(crate) seen: (u64, u64, usize),
+    pub(crate) last_failure: String,
+    pub(crate) last_involuntary_at: Option<Millis>,
     pub(crate) upgrade: Option<UpgradeSpec>,
 
     pub(crate) tables: Vec<String>,
@@ -506,6 +513,11 @@ impl Simulation {
             policy_record: None,
             crash_pending: None,
             operator_restarts: 0,
+            check_invariants: options.check_invariants,
+            violations: Vec::new(),
+            seen: (0, 0, 0),
+            last_failure: String::new(),
+            last_involuntary_at: None,
             upgrade: None,
             tables: scenario.workload.tables.clone(),
             clients: vec![Client::default(); scenario.workload.clients],
@@ -752,6 +764,9 @@ impl Simulation {
                 progress(self.now);
             }
             self.handle(ev);
+            if self.check_invariants {
+                self.check_event_invariants();
+            }
         }
         if until > self.now {
             self.account_interval(until);
@@ -770,6 +785,11 @@ impl Simulation {
 
     pub fn audit(&self) -> Option<&Audit> {
         self.audit.as_ref()
+    }
+
+    /// CN pods whose removal was requested and has not happened yet.
+    pub fn pending_removals(&self) -> Vec<String> {
+        self.removals.iter().map(|r| r.pod.clone()).collect()
     }
 
     /// Integrates time-based measurements over `[now, until)`.
@@ -851,10 +871,62 @@ impl Simulation {
         }
     }
 
+    /// Safety invariants, checked after every event: voluntary disruptions never cost a
+    /// transaction; the TN never dies of them; no unsafe action.
+    fn check_event_invariants(&mut self) {
+        let unsafe_total = self.unsafe_actions.total();
+        let tn_exits = self.tn_fatal_exit_times.len();
+        let (seen_unsafe, seen_voluntary, seen_exits) = self.seen;
+        if unsafe_total > seen_unsafe {
+            let detail = self.unsafe_log.last().cloned().unwrap_or_default();
+            self.violation("no unsafe action", detail);
+        }
+        if self.failures_voluntary > seen_voluntary {
+            let detail = format!(
+                "{} transaction(s) failed or ended unknown because of a voluntary disruption: {}",
+                self.failures_voluntary - seen_voluntary,
+                self.last_failure
+            );
+            self.violation("voluntary disruptions cost no transaction", detail);
+        }
+        if tn_exits > seen_exits {
+            let recent_fault = self
+                .last_involuntary_at
+                .is_some_and(|t| self.now - t <= Millis::from_mins(15));
+            let node_down = self.nodes.iter().any(|n| !n.alive);
+            if !recent_fault && !node_down {
+                self.violation(
+                    "no TN fatal exit from voluntary disruptions",
+                    format!("TN fatal exit #{tn_exits} with no involuntary fault in play"),
+                );
+            }
+        }
+        self.seen = (unsafe_total, self.failures_voluntary, tn_exits);
+    }
+
+    fn violation(&mut self, invariant: &str, detail: String) {
+        let at = self.now.as_secs_f64();
+        self.log("VIOLATION", || format!("{invariant}: {detail}"));
+        self.violations.push(crate::report::Violation {
+            at,
+            invariant: invariant.to_string(),
+            detail,
+        });
+    }
+
     fn scenario_event(&mut self, index: usize) {
         let kind = self.scenario.events[index]
             .kind(index)
             .expect("validated scenario");
+        if matches!(
+            kind,
+            EventKind::NodeFailure { .. }
+                | EventKind::CnCrash { .. }
+                | EventKind::DeletePod { .. }
+                | EventKind::HakeeperOutage { .. }
+        ) {
+            self.last_involuntary_at = Some(self.now);
+        }
         match kind {
             EventKind::Evict { pod, source } => {
                 self.log("k8s", || format!("eviction of {pod} requested by {source}"));
@@ -874,10 +946,12 @@ impl Simulation {
                 let Some(gi) = self.groups.iter().position(|g| g.name == group) else {
                     return;
                 };
-                let members: Vec<PodId> = self
+                // Like a StatefulSet: the highest ordinals go first.
+                let mut members: Vec<PodId> = self
                     .live_pods()
                     .filter(|&p| self.pods[p].cn_group == Some(gi))
                     .collect();
+                members.sort_by_key(|&p| ordinal_key(&self.pods[p].name));
                 let excess = members.len().saturating_sub(replicas);
                 for &p in members.iter().rev().take(excess) {
                     self.add_removal(p, mo_core::RemovalReason::ScaleIn);
@@ -1104,7 +1178,16 @@ impl Simulation {
             },
             waiting_on: self.policy.waiting_on().into_iter().collect(),
             operator_restarts: self.operator_restarts,
+            violations: self.violations.clone(),
         }
+    }
+}
+
+/// Sort key that orders `name-2` before `name-10`.
+fn ordinal_key(name: &str) -> (String, u64) {
+    match name.rsplit_once('-') {
+        Some((stem, n)) => (stem.to_string(), n.parse().unwrap_or(u64::MAX)),
+        None => (name.to_string(), 0),
     }
 }
 

@@ -131,6 +131,12 @@ impl Simulation {
             proxy_routes,
             node_images,
             tn_wal_tolerance: self.tn_wal_tolerance,
+            unschedulable_nodes: self
+                .nodes
+                .iter()
+                .filter(|n| !n.alive || n.cordoned)
+                .map(|n| n.name.clone())
+                .collect(),
             desired: DesiredState {
                 upgrade: self.upgrade.clone(),
                 removals: self.removals.clone(),

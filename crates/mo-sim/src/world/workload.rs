@@ -71,7 +71,11 @@ impl Simulation {
         {
             cn.sessions.remove(&c);
         }
-        self.clients[c].proxy = None;
+        if let Some(p) = self.clients[c].proxy.take()
+            && !self.proxies.get(&p).is_some_and(|x| x.running)
+        {
+            self.maybe_proxy_exit(p);
+        }
     }
 
     pub(crate) fn client_next(&mut self, c: ClientId) {
@@ -488,6 +492,9 @@ impl Simulation {
                     Cause::Involuntary => self.failures_involuntary += 1,
                 }
                 *self.errors_by_kind.entry(text.clone()).or_default() += 1;
+                if *cause == Cause::Voluntary {
+                    self.last_failure.clone_from(text);
+                }
                 let (kind, text) = (
                     if matches!(outcome, Outcome::Failed(..)) {
                         "failed"

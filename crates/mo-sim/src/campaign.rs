@@ -1,0 +1,331 @@
+//! Randomized fault campaigns: one generated scenario per seed (topology, timings, workload,
+//! kernel features and several disruptions at once), invariants checked on every event, and
+//! liveness at the end. A violating seed is replayed by one command and shrunk to a minimal
+//! scenario.
+
+use crate::report::Violation;
+use crate::scenario::Scenario;
+use crate::world::{RunOptions, Simulation};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What one seed found.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SeedResult {
+    pub seed: u64,
+    pub events: u64,
+    pub violations: Vec<Violation>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CampaignReport {
+    pub policy: String,
+    pub scenarios: u64,
+    pub violations: u64,
+    pub violating_seeds: Vec<u64>,
+    pub by_invariant: BTreeMap<String, u64>,
+    pub wall_seconds: f64,
+    pub events: u64,
+    /// For each violating seed: the first violation and the command that replays it.
+    pub failures: Vec<Failure>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Failure {
+    pub seed: u64,
+    pub invariant: String,
+    pub at: f64,
+    pub detail: String,
+    pub replay: String,
+}
+
+/// The command that reruns one seed of a campaign.
+pub fn replay_command(seed: u64, policy: &str) -> String {
+    format!("mo-operator campaign --replay {seed} --policy {policy}")
+}
+
+/// Generates the scenario of `seed`: the same seed always gives the same scenario.
+pub fn generate(seed: u64) -> Scenario {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6d6f_2d6f_7065_7261);
+    let log = if rng.random_bool(0.8) { 3 } else { 5 };
+    let tenant = rng.random_range(2..=4usize);
+    let pool = if rng.random_bool(0.5) { rng.random_range(1..=2usize) } else { 0 };
+    let bound = if pool > 0 { rng.random_range(0..=1usize) } else { 0 };
+    let proxies = rng.random_range(1..=3usize);
+    let pods = log + 1 + tenant + pool + proxies;
+    let nodes = pods + rng.random_range(1..=2usize);
+    let tables: Vec<String> = (0..rng.random_range(2..=5usize)).map(|i| format!("t{i}")).collect();
+    let mut cn_pods: Vec<String> = (0..tenant).map(|i| format!("tenant-{i}")).collect();
+    cn_pods.extend((0..pool).map(|i| format!("pool-{i}")));
+    let mut all_pods: Vec<String> = (0..log).map(|i| format!("log-{i}")).collect();
+    all_pods.push("tn-0".into());
+    all_pods.extend(cn_pods.iter().cloned());
+    all_pods.extend((0..proxies).map(|i| format!("proxy-{i}")));
+
+    let mut y = String::new();
+    let _ = writeln!(y, "name: campaign-{seed}\nseed: {seed}\nduration: 60m");
+    let _ = writeln!(
+        y,
+        "kernel: {{drain_protocol: {}}}",
+        rng.random_bool(0.5)
+    );
+    let on_stall = if rng.random_bool(0.5) { "Halt" } else { "Rollback" };
+    let _ = writeln!(y, "safe: {{on_stall: {on_stall}}}");
+    let _ = writeln!(y, "topology:\n  version: v1\n  nodes: {nodes}\n  log_replicas: {log}\n  proxy_replicas: {proxies}\n  cn_groups:");
+    let _ = writeln!(y, "    - {{name: tenant, replicas: {tenant}}}");
+    if pool > 0 {
+        let _ = writeln!(y, "    - {{name: pool, pool: true, replicas: {pool}, bound: {bound}}}");
+    }
+    let _ = writeln!(y, "lock_tables:");
+    let mut any_lock = false;
+    for t in &tables {
+        if rng.random_bool(0.5) {
+            let owner = &cn_pods[rng.random_range(0..cn_pods.len())];
+            let _ = writeln!(y, "  - {{table: {t}, owner: {owner}}}");
+            any_lock = true;
+        }
+    }
+    if !any_lock {
+        y.truncate(y.len() - "lock_tables:\n".len());
+    }
+    let _ = writeln!(
+        y,
+        "workload: {{clients: {}, txn_rate: {}, statements_max: {}, tables: [{}]}}",
+        rng.random_range(2..=6u32),
+        rng.random_range(2..=5u32),
+        rng.random_range(1..=3u32),
+        tables.join(", ")
+    );
+    let _ = writeln!(
+        y,
+        "timings: {{image_pull: {}s, container_start: {}s, log_rejoin: {}s, log_catch_up: {}s, \
+         log_election: {}s, cn_start: {}s, tn_start: {}s}}",
+        rng.random_range(0..=90u32),
+        rng.random_range(2..=10u32),
+        rng.random_range(5..=60u32),
+        rng.random_range(5..=120u32),
+        rng.random_range(2..=8u32),
+        rng.random_range(5..=20u32),
+        rng.random_range(3..=10u32),
+    );
+    if rng.random_bool(0.25) {
+        let method = if rng.random_bool(0.5) { "eviction" } else { "pool-reclaim" };
+        let _ = writeln!(
+            y,
+            "consolidation: {{start: {}s, method: {method}}}",
+            rng.random_range(60..=900u32)
+        );
+    }
+    let _ = writeln!(y, "events:");
+    if rng.random_bool(0.6) {
+        let mut order = ["log", "tn", "cn", "proxy"];
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.random_range(0..=i));
+        }
+        let strategy: Vec<String> = order
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let deps = if i == 0 { String::new() } else { format!("\"{}\"", order[i - 1]) };
+                format!("\"{c}\":[{deps}]")
+            })
+            .collect();
+        let _ = writeln!(
+            y,
+            "  - {{at: {}s, upgrade: {{version: v2, strategy: '{{{}}}'}}}}",
+            rng.random_range(30..=600u32),
+            strategy.join(",")
+        );
+    }
+    for _ in 0..rng.random_range(1..=6u32) {
+        let at = rng.random_range(30..=1500u32);
+        let pick = |rng: &mut ChaCha8Rng, v: &[String]| v[rng.random_range(0..v.len())].clone();
+        let event = match rng.random_range(0..100u32) {
+            0..=19 => format!("evict: {{pod: {}, source: cluster-autoscaler}}", pick(&mut rng, &all_pods)),
+            20..=29 => format!("drain_node: {{node: node-{}}}", rng.random_range(1..=nodes)),
+            30..=39 if tenant >= 3 => format!("scale_in: {{group: tenant, replicas: {}}}", tenant - 1),
+            40..=44 if bound > 0 => "claim_release: {pod: pool-0}".to_string(),
+            45..=54 => format!("node_failure: {{node: node-{}}}", rng.random_range(1..=nodes)),
+            55..=64 => format!("cn_crash: {{pod: {}}}", pick(&mut rng, &cn_pods)),
+            65..=72 => format!("hakeeper_outage: {{duration: {}s}}", rng.random_range(10..=60u32)),
+            73..=89 => format!(
+                "operator_restart: {{drop_pending_actions: {}}}",
+                rng.random_bool(0.5)
+            ),
+            90..=94 => "fault: {cn_never_heartbeats_after_restart: true}".to_string(),
+            95..=99 => format!("delete_pod: {{pod: {}}}", pick(&mut rng, &all_pods)),
+            _ => format!("operator_restart: {{drop_pending_actions: {}}}", rng.random_bool(0.5)),
+        };
+        let _ = writeln!(y, "  - {{at: {at}s, {event}}}");
+    }
+    Scenario::from_yaml(&y).unwrap_or_else(|e| panic!("generated scenario {seed} is invalid: {e}\n{y}"))
+}
+
+/// Involuntary faults or kernel bugs in play: liveness is then only "waits on a named
+/// condition", not "completes".
+fn cooperative(scenario: &Scenario) -> bool {
+    scenario.events.iter().all(|e| {
+        e.node_failure.is_none()
+            && e.cn_crash.is_none()
+            && e.hakeeper_outage.is_none()
+            && e.delete_pod.is_none()
+            && e.fault.is_none()
+    })
+}
+
+/// Runs one scenario with every invariant checked, then checks liveness.
+pub fn check(scenario: Scenario) -> SeedResult {
+    let seed = scenario.seed;
+    let cooperative = cooperative(&scenario);
+    let mut sim = Simulation::new(
+        scenario,
+        RunOptions {
+            check_invariants: true,
+            ..RunOptions::default()
+        },
+    );
+    let report = sim.run(&mut |_| {});
+    let mut violations = report.violations.clone();
+    let at = report.sim_seconds;
+    let mut stuck = |what: String, waiting: Option<&String>| match waiting {
+        None => violations.push(Violation {
+            at,
+            invariant: "liveness: never silently stuck".into(),
+            detail: format!("{what} neither finished nor waits on a named condition"),
+        }),
+        Some(reason) if cooperative => violations.push(Violation {
+            at,
+            invariant: "liveness: finishes when the kernel cooperates".into(),
+            detail: format!("{what} did not finish: {reason}"),
+        }),
+        Some(_) => {}
+    };
+    if let Some(upgrade) = &report.upgrade
+        && upgrade.finished_at.is_none()
+    {
+        stuck("the upgrade".into(), report.waiting_on.get("rollout"));
+    }
+    for pod in sim.pending_removals() {
+        let waiting = report.waiting_on.get(&pod);
+        stuck(format!("the removal of {pod}"), waiting);
+    }
+    SeedResult {
+        seed,
+        events: report.events,
+        violations,
+    }
+}
+
+pub fn run_seed(seed: u64, policy: &str) -> SeedResult {
+    let mut scenario = generate(seed);
+    scenario.policy = policy.to_string();
+    check(scenario)
+}
+
+/// Runs `count` seeds from `start` on `threads` threads.
+pub fn run_campaign(
+    start: u64,
+    count: u64,
+    policy: &str,
+    threads: usize,
+    progress: &(dyn Fn(u64) + Sync),
+) -> CampaignReport {
+    let started = std::time::Instant::now();
+    let next = AtomicU64::new(0);
+    let done = AtomicU64::new(0);
+    let results: Mutex<Vec<SeedResult>> = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..threads.max(1) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= count {
+                        break;
+                    }
+                    let result = run_seed(start + i, policy);
+                    results.lock().expect("no panics while held").push(result);
+                    progress(done.fetch_add(1, Ordering::Relaxed) + 1);
+                }
+            });
+        }
+    });
+    let mut results = results.into_inner().expect("threads joined");
+    results.sort_by_key(|r| r.seed);
+    let mut by_invariant: BTreeMap<String, u64> = BTreeMap::new();
+    let mut failures = Vec::new();
+    for r in &results {
+        for v in &r.violations {
+            *by_invariant.entry(v.invariant.clone()).or_default() += 1;
+        }
+        if let Some(v) = r.violations.first() {
+            failures.push(Failure {
+                seed: r.seed,
+                invariant: v.invariant.clone(),
+                at: v.at,
+                detail: v.detail.clone(),
+                replay: replay_command(r.seed, policy),
+            });
+        }
+    }
+    CampaignReport {
+        policy: policy.to_string(),
+        scenarios: count,
+        violations: results.iter().map(|r| r.violations.len() as u64).sum(),
+        violating_seeds: failures.iter().map(|f| f.seed).collect(),
+        by_invariant,
+        wall_seconds: started.elapsed().as_secs_f64(),
+        events: results.iter().map(|r| r.events).sum(),
+        failures,
+    }
+}
+
+/// Greedily removes what the violation does not need (events, the consolidation agent,
+/// clients, lock tables) while `invariant` still breaks. At most `budget` runs.
+pub fn shrink(scenario: &Scenario, invariant: &str, budget: usize) -> Scenario {
+    let breaks = |s: &Scenario| check(s.clone()).violations.iter().any(|v| v.invariant == invariant);
+    let mut best = scenario.clone();
+    let mut runs = 0;
+    loop {
+        let mut candidates: Vec<Scenario> = Vec::new();
+        for i in 0..best.events.len() {
+            let mut c = best.clone();
+            c.events.remove(i);
+            candidates.push(c);
+        }
+        if best.consolidation.is_some() {
+            let mut c = best.clone();
+            c.consolidation = None;
+            candidates.push(c);
+        }
+        if !best.lock_tables.is_empty() {
+            let mut c = best.clone();
+            c.lock_tables.clear();
+            candidates.push(c);
+        }
+        if best.workload.clients > 1 {
+            let mut c = best.clone();
+            c.workload.clients = best.workload.clients.div_ceil(2);
+            candidates.push(c);
+        }
+        let mut improved = false;
+        for c in candidates {
+            if runs >= budget {
+                return best;
+            }
+            runs += 1;
+            if c.validate().is_ok() && breaks(&c) {
+                best = c;
+                improved = true;
+                break;
+            }
+        }
+        if !improved {
+            return best;
+        }
+    }
+}
