@@ -9,29 +9,53 @@ use serde::{Deserialize, Serialize};
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum Action {
     /// `PatchCNStore` / `UpdateCNWorkState`.
-    SetCnWorkState { uuid: String, state: WorkState },
+    SetCnWorkState {
+        uuid: String,
+        state: WorkState,
+    },
     /// Today's restart handshake on the TN lock allocator (names a UUID, not an instance).
-    SetRestartService { uuid: String },
+    SetRestartService {
+        uuid: String,
+    },
     /// `DeleteCNStore`.
-    DeleteCnStore { uuid: String },
+    DeleteCnStore {
+        uuid: String,
+    },
     /// Graceful delete of a pod, guarded by its UID (a recreated pod is never deleted by mistake).
     DeletePod {
         pod: String,
         uid: String,
         reason: String,
     },
-        /// Set the pod's version in its workload and delete it; the workload recreates it.
-    RestartPod { pod: String, uid: String, version: String },
+    /// Set the pod's version in its workload and delete it; the workload recreates it.
+    RestartPod {
+        pod: String,
+        uid: String,
+        version: String,
+    },
     /// Pull an image onto a node ahead of the restart that needs it.
-    PrePullImage { node: String, version: String },
+    PrePullImage {
+        node: String,
+        version: String,
+    },
     /// Move a LOG shard's leadership to another (caught-up) replica.
-    TransferLogLeader { shard_id: u64, to_store: String },
+    TransferLogLeader {
+        shard_id: u64,
+        to_store: String,
+    },
     /// Widen (or, with `None`, restore) the TN's total WAL-append tolerance.
-    SetTnWalTolerance { total: Option<Millis> },
+    SetTnWalTolerance {
+        total: Option<Millis>,
+    },
     /// Instance-bound drain (the protocol the incident reports ask the kernel for).
     /// Answers a drain id ([`ActionOutput::DrainId`]).
-    BeginDrain { uuid: String, start_epoch: u64 },
-    CancelDrain { drain_id: u64 },
+    BeginDrain {
+        uuid: String,
+        start_epoch: u64,
+    },
+    CancelDrain {
+        drain_id: u64,
+    },
 }
 
 impl Action {

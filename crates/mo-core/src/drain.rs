@@ -212,7 +212,10 @@ impl Drain {
         }
         let Ok(details) = obs.hakeeper.as_ref() else {
             let e = obs.hakeeper.as_ref().err().expect("is err");
-            self.hold(format!("cannot read HAKeeper ({e}): {} stays protected", self.pod));
+            self.hold(format!(
+                "cannot read HAKeeper ({e}): {} stays protected",
+                self.pod
+            ));
             return;
         };
         let Some(record) = cn_record(details, &self.cn_uuid) else {
@@ -247,7 +250,9 @@ impl Drain {
         }
         // A webhook-started drain whose evictor went away is withdrawn.
         if matches!(self.purpose, DrainPurpose::Evict { .. })
-            && self.last_eviction_at.is_none_or(|t| now - t >= timing.eviction_abandon)
+            && self
+                .last_eviction_at
+                .is_none_or(|t| now - t >= timing.eviction_abandon)
         {
             self.cancel_requested = true;
         }
@@ -333,7 +338,12 @@ impl Drain {
     }
 
     /// Returns true once this exact instance's confirmation is observed.
-    fn hand_over(&mut self, obs: &Observation, timing: &DrainTiming, actions: &mut Vec<Action>) -> bool {
+    fn hand_over(
+        &mut self,
+        obs: &Observation,
+        timing: &DrainTiming,
+        actions: &mut Vec<Action>,
+    ) -> bool {
         let now = obs.now;
         let epoch = self.start_epoch.expect("bound before handing over");
         let allocator = match obs.lock_allocator.as_ref() {
@@ -352,8 +362,15 @@ impl Drain {
                     });
                     self.begin_drain_sent_at = Some(now);
                 }
-                if self.hold.as_deref().is_none_or(|h| !h.starts_with("BeginDrain failed")) {
-                    self.hold(format!("waiting for BeginDrain({}, epoch {epoch})", self.pod));
+                if self
+                    .hold
+                    .as_deref()
+                    .is_none_or(|h| !h.starts_with("BeginDrain failed"))
+                {
+                    self.hold(format!(
+                        "waiting for BeginDrain({}, epoch {epoch})",
+                        self.pod
+                    ));
                 }
                 return false;
             };
@@ -377,7 +394,9 @@ impl Drain {
                     // Unknown id (the TN restarted) is not "done": begin again.
                     self.kernel_drain_id = None;
                     self.begin_drain_sent_at = None;
-                    self.hold(format!("drain {id} unknown to the allocator: beginning again"));
+                    self.hold(format!(
+                        "drain {id} unknown to the allocator: beginning again"
+                    ));
                     false
                 }
             };
@@ -394,7 +413,10 @@ impl Drain {
         };
         let answer = answer.expect("checked");
         if now - sent < timing.keepalive + timing.keepalive {
-            self.hold(format!("waiting for {}'s keepalive to see the handshake", self.pod));
+            self.hold(format!(
+                "waiting for {}'s keepalive to see the handshake",
+                self.pod
+            ));
             return false;
         }
         if !answer.can_restart || answer.remaining_txns != 0 {
@@ -420,17 +442,25 @@ impl Drain {
             .as_ref()
             .ok()
             .and_then(|d| cn_record(d, &self.cn_uuid))
-            .filter(|r| Some(r.start_epoch) != self.start_epoch && r.heartbeat_age <= HEARTBEAT_FRESH);
+            .filter(|r| {
+                Some(r.start_epoch) != self.start_epoch && r.heartbeat_age <= HEARTBEAT_FRESH
+            });
         match (new_pod, record) {
             (Some(_), Some(r)) if r.work_state == WorkState::Draining => {
                 actions.push(Action::SetCnWorkState {
                     uuid: self.cn_uuid.clone(),
                     state: WorkState::Working,
                 });
-                self.hold(format!("returning the new instance of {} to Working", self.pod));
+                self.hold(format!(
+                    "returning the new instance of {} to Working",
+                    self.pod
+                ));
             }
             (Some(_), Some(_)) => self.finish(DrainEnd::Released, now),
-            _ => self.hold(format!("waiting for the new instance of {} to register", self.pod)),
+            _ => self.hold(format!(
+                "waiting for the new instance of {} to register",
+                self.pod
+            )),
         }
     }
 
@@ -542,7 +572,13 @@ mod tests {
         let mut a = vec![];
         let mut o = obs(1_000);
         d.step(&o, &TIMING, Ok(()), &mut a);
-        assert!(matches!(a[0], Action::SetCnWorkState { state: WorkState::Draining, .. }));
+        assert!(matches!(
+            a[0],
+            Action::SetCnWorkState {
+                state: WorkState::Draining,
+                ..
+            }
+        ));
         draining(&mut o);
         o.now = Millis(2_000);
         a.clear();
@@ -573,30 +609,101 @@ mod tests {
     fn uncertainty_never_releases() {
         type Spoil = Box<dyn Fn(&mut Observation, u64)>;
         let uncertain: Vec<(&str, Spoil)> = vec![
-            ("hakeeper unavailable", Box::new(|o, _| o.hakeeper = Err(ObservationError::Unavailable("x".into())))),
-            ("hakeeper timeout", Box::new(|o, _| o.hakeeper = Err(ObservationError::Timeout("x".into())))),
-            ("cn does not exist", Box::new(|o, _| o.hakeeper.as_mut().unwrap().cns.clear())),
-            ("stale heartbeat", Box::new(|o, _| o.hakeeper.as_mut().unwrap().cns[0].heartbeat_age = Millis(60_000))),
+            (
+                "hakeeper unavailable",
+                Box::new(|o, _| o.hakeeper = Err(ObservationError::Unavailable("x".into()))),
+            ),
+            (
+                "hakeeper timeout",
+                Box::new(|o, _| o.hakeeper = Err(ObservationError::Timeout("x".into()))),
+            ),
+            (
+                "cn does not exist",
+                Box::new(|o, _| o.hakeeper.as_mut().unwrap().cns.clear()),
+            ),
+            (
+                "stale heartbeat",
+                Box::new(|o, _| o.hakeeper.as_mut().unwrap().cns[0].heartbeat_age = Millis(60_000)),
+            ),
             // The instance keeps changing under the drain: no confirmation is ever its own.
-            ("instance mismatch", Box::new(|o, t| o.hakeeper.as_mut().unwrap().cns[0].start_epoch = 8 + t)),
-            ("allocator down", Box::new(|o, _| o.lock_allocator = Err(ObservationError::Unavailable("tn".into())))),
-            ("handshake not done", Box::new(|o, _| {
-                o.lock_allocator.as_mut().unwrap().restarting.get_mut("u1").unwrap().can_restart = false;
-            })),
-            ("txns remain", Box::new(|o, _| {
-                o.lock_allocator.as_mut().unwrap().restarting.get_mut("u1").unwrap().remaining_txns = 2;
-            })),
-            ("inconsistent allocator", Box::new(|o, _| {
-                o.lock_allocator.as_mut().unwrap().restarting.get_mut("u1").unwrap().remaining_txns = -1;
-            })),
-            ("handshake forgotten", Box::new(|o, _| { o.lock_allocator.as_mut().unwrap().restarting.clear(); })),
-            ("sessions back", Box::new(|o, _| {
-                o.cn_activity.insert("cn-1".into(), Ok(CnActivity { sessions: 1, pipelines: 0, replicas: 0 }));
-            })),
-            ("query service error", Box::new(|o, _| {
-                o.cn_activity.insert("cn-1".into(), Err(ObservationError::DoesNotExist("cn".into())));
-            })),
-            ("draining mark lost", Box::new(|o, _| o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Working)),
+            (
+                "instance mismatch",
+                Box::new(|o, t| o.hakeeper.as_mut().unwrap().cns[0].start_epoch = 8 + t),
+            ),
+            (
+                "allocator down",
+                Box::new(|o, _| o.lock_allocator = Err(ObservationError::Unavailable("tn".into()))),
+            ),
+            (
+                "handshake not done",
+                Box::new(|o, _| {
+                    o.lock_allocator
+                        .as_mut()
+                        .unwrap()
+                        .restarting
+                        .get_mut("u1")
+                        .unwrap()
+                        .can_restart = false;
+                }),
+            ),
+            (
+                "txns remain",
+                Box::new(|o, _| {
+                    o.lock_allocator
+                        .as_mut()
+                        .unwrap()
+                        .restarting
+                        .get_mut("u1")
+                        .unwrap()
+                        .remaining_txns = 2;
+                }),
+            ),
+            (
+                "inconsistent allocator",
+                Box::new(|o, _| {
+                    o.lock_allocator
+                        .as_mut()
+                        .unwrap()
+                        .restarting
+                        .get_mut("u1")
+                        .unwrap()
+                        .remaining_txns = -1;
+                }),
+            ),
+            (
+                "handshake forgotten",
+                Box::new(|o, _| {
+                    o.lock_allocator.as_mut().unwrap().restarting.clear();
+                }),
+            ),
+            (
+                "sessions back",
+                Box::new(|o, _| {
+                    o.cn_activity.insert(
+                        "cn-1".into(),
+                        Ok(CnActivity {
+                            sessions: 1,
+                            pipelines: 0,
+                            replicas: 0,
+                        }),
+                    );
+                }),
+            ),
+            (
+                "query service error",
+                Box::new(|o, _| {
+                    o.cn_activity.insert(
+                        "cn-1".into(),
+                        Err(ObservationError::DoesNotExist("cn".into())),
+                    );
+                }),
+            ),
+            (
+                "draining mark lost",
+                Box::new(|o, _| {
+                    o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Working
+                }),
+            ),
         ];
         for (name, spoil) in uncertain {
             let mut d = remove();
@@ -611,7 +718,8 @@ mod tests {
                 let mut a = vec![];
                 d.step(&o, &TIMING, Ok(()), &mut a);
                 assert!(
-                    !a.iter().any(|x| matches!(x, Action::DeletePod { .. } | Action::RestartPod { .. })),
+                    !a.iter()
+                        .any(|x| matches!(x, Action::DeletePod { .. } | Action::RestartPod { .. })),
                     "{name}: released on {a:?}"
                 );
                 assert!(!d.confirmed(), "{name}: confirmed");
@@ -632,11 +740,23 @@ mod tests {
         o.hakeeper.as_mut().unwrap().cns[0].start_epoch = 8;
         let mut a = vec![];
         d.step(&o, &TIMING, Ok(()), &mut a);
-        assert!(!a.iter().any(|x| matches!(x, Action::DeletePod { .. })), "{a:?}");
+        assert!(
+            !a.iter().any(|x| matches!(x, Action::DeletePod { .. })),
+            "{a:?}"
+        );
         assert_eq!(d.start_epoch, Some(8));
         // The handshake starts again for the new instance (the kernel resets its answer).
-        assert!(a.contains(&Action::SetRestartService { uuid: "u1".into() }), "{a:?}");
-        o.lock_allocator.as_mut().unwrap().restarting.get_mut("u1").unwrap().can_restart = false;
+        assert!(
+            a.contains(&Action::SetRestartService { uuid: "u1".into() }),
+            "{a:?}"
+        );
+        o.lock_allocator
+            .as_mut()
+            .unwrap()
+            .restarting
+            .get_mut("u1")
+            .unwrap()
+            .can_restart = false;
         for t in 1..5 {
             o.now = Millis(5_000 + t * 1_000);
             a.clear();
@@ -658,7 +778,13 @@ mod tests {
         draining(&mut o);
         let mut a = vec![];
         d.step(&o, &TIMING, Ok(()), &mut a);
-        assert_eq!(a, vec![Action::BeginDrain { uuid: "u1".into(), start_epoch: 7 }]);
+        assert_eq!(
+            a,
+            vec![Action::BeginDrain {
+                uuid: "u1".into(),
+                start_epoch: 7
+            }]
+        );
         d.absorb(&[ActionResult {
             action: a[0].clone(),
             result: Ok(ActionOutput::DrainId { drain_id: 42 }),
@@ -671,19 +797,38 @@ mod tests {
         o.now = Millis(3_000);
         d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(matches!(a[0], Action::BeginDrain { .. }));
-        d.absorb(&[ActionResult { action: a[0].clone(), result: Ok(ActionOutput::DrainId { drain_id: 43 }) }]);
-        o.lock_allocator.as_mut().unwrap().drains.insert(43, DrainAnswer::Pending { remaining_txns: 3 });
+        d.absorb(&[ActionResult {
+            action: a[0].clone(),
+            result: Ok(ActionOutput::DrainId { drain_id: 43 }),
+        }]);
+        o.lock_allocator
+            .as_mut()
+            .unwrap()
+            .drains
+            .insert(43, DrainAnswer::Pending { remaining_txns: 3 });
         a.clear();
         d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(a.is_empty());
-        o.lock_allocator.as_mut().unwrap().drains.insert(43, DrainAnswer::Done);
+        o.lock_allocator
+            .as_mut()
+            .unwrap()
+            .drains
+            .insert(43, DrainAnswer::Done);
         d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(matches!(&a[..], [Action::DeletePod { .. }]));
     }
 
     #[test]
     fn eviction_drain_waits_for_the_evictor_and_cancels_when_abandoned() {
-        let mut d = Drain::new("cn-1", "uid-1", "u1", DrainPurpose::Evict { source: "kubectl-drain".into() }, Millis(0));
+        let mut d = Drain::new(
+            "cn-1",
+            "uid-1",
+            "u1",
+            DrainPurpose::Evict {
+                source: "kubectl-drain".into(),
+            },
+            Millis(0),
+        );
         to_handover(&mut d);
         let mut o = obs(5_000);
         draining(&mut o);
@@ -695,7 +840,13 @@ mod tests {
         o.now = Millis(200_000);
         d.step(&o, &TIMING, Ok(()), &mut a);
         assert_eq!(d.stage, DrainStage::Cancelling);
-        assert!(a.iter().any(|x| matches!(x, Action::SetCnWorkState { state: WorkState::Working, .. })));
+        assert!(a.iter().any(|x| matches!(
+            x,
+            Action::SetCnWorkState {
+                state: WorkState::Working,
+                ..
+            }
+        )));
         o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Working;
         d.step(&o, &TIMING, Ok(()), &mut vec![]);
         assert_eq!(d.end, Some(DrainEnd::Cancelled));

@@ -96,7 +96,10 @@ pub fn log_replica_healthy(obs: &Observation, store: &str, version: &str) -> Gat
             return Err(format!("{store} has not rejoined shard {}", shard.shard_id));
         }
         if !replica.caught_up {
-            return Err(format!("{store} is not caught up on shard {}", shard.shard_id));
+            return Err(format!(
+                "{store} is not caught up on shard {}",
+                shard.shard_id
+            ));
         }
     }
     Ok(())
@@ -122,19 +125,22 @@ pub fn wal_writable(d: &ClusterDetails) -> Gate {
     if shard.leader.is_none() {
         return Err("WAL shard has no leader".into());
     }
-    let caught_up = shard.replicas.iter().filter(|r| r.up && r.caught_up).count();
+    let caught_up = shard
+        .replicas
+        .iter()
+        .filter(|r| r.up && r.caught_up)
+        .count();
     if caught_up < majority(shard.replicas.len()) {
-        return Err(format!("WAL shard has {caught_up} caught-up replicas, no majority"));
+        return Err(format!(
+            "WAL shard has {caught_up} caught-up replicas, no majority"
+        ));
     }
     Ok(())
 }
 
 /// TN: Running on `version`, heartbeating as an instance other than `not_epoch`, WAL writable.
 pub fn tn_healthy(obs: &Observation, version: &str, not_epoch: Option<u64>) -> Gate {
-    let pod = obs
-        .pods_of(Component::Tn)
-        .next()
-        .ok_or("no TN pod")?;
+    let pod = obs.pods_of(Component::Tn).next().ok_or("no TN pod")?;
     pod_on_version(pod, version)?;
     let d = details(obs)?;
     let tn = d.tns.first().ok_or("TN not registered with HAKeeper")?;
@@ -160,16 +166,27 @@ pub fn cn_healthy(obs: &Observation, pod: &str, version: &str, not_epoch: Option
     let record = cn_record(d, uuid)
         .ok_or_else(|| format!("{pod} ({uuid}) is not registered with HAKeeper"))?;
     if not_epoch == Some(record.start_epoch) {
-        return Err(format!("{pod}: HAKeeper still shows the instance from before the restart"));
+        return Err(format!(
+            "{pod}: HAKeeper still shows the instance from before the restart"
+        ));
     }
     if record.heartbeat_age > HEARTBEAT_FRESH {
-        return Err(format!("{pod}: last heartbeat {} ago", record.heartbeat_age));
+        return Err(format!(
+            "{pod}: last heartbeat {} ago",
+            record.heartbeat_age
+        ));
     }
     if record.version != version {
-        return Err(format!("{pod}: HAKeeper reports version {}", record.version));
+        return Err(format!(
+            "{pod}: HAKeeper reports version {}",
+            record.version
+        ));
     }
     if record.work_state != WorkState::Working {
-        return Err(format!("{pod}: work state {:?}, not Working", record.work_state));
+        return Err(format!(
+            "{pod}: work state {:?}, not Working",
+            record.work_state
+        ));
     }
     Ok(())
 }

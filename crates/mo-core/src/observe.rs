@@ -121,7 +121,9 @@ pub struct RestartAnswer {
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum DrainAnswer {
     /// Tables not yet handed over; `remaining_txns` still hold locks on the instance.
-    Pending { remaining_txns: u64 },
+    Pending {
+        remaining_txns: u64,
+    },
     /// That exact instance handed every table over and no transaction remains.
     Done,
     Cancelled,

@@ -55,9 +55,13 @@ pub enum RolloutStatus {
     Running,
     Complete,
     /// Stopped by a stall; nothing moves until the spec changes.
-    Halted { reason: String },
+    Halted {
+        reason: String,
+    },
     /// The stalled phase went back to its previous version; stopped.
-    RolledBack { reason: String },
+    RolledBack {
+        reason: String,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -223,7 +227,9 @@ impl Rollout {
             self.absent_since = None;
         }
         match self.step.clone() {
-            Step::Verify { pod, .. } | Step::Restart { pod, .. } if obs.pod(&pod).is_none() && self.absent_too_long(now, timing.resend_after) => {
+            Step::Verify { pod, .. } | Step::Restart { pod, .. }
+                if obs.pod(&pod).is_none() && self.absent_too_long(now, timing.resend_after) =>
+            {
                 // Removed meanwhile (scale-in): nothing left to verify for it.
                 self.progress(now, Step::NextPod);
             }
@@ -411,7 +417,10 @@ impl Rollout {
         let now = obs.now;
         let mut pods: Vec<&PodObservation> = obs.pods_of(component).collect();
         pods.sort_by(|a, b| a.name.cmp(&b.name));
-        if let Some(busy) = pods.iter().find(|p| p.terminating || p.phase != PodPhase::Running) {
+        if let Some(busy) = pods
+            .iter()
+            .find(|p| p.terminating || p.phase != PodPhase::Running)
+        {
             self.wait(format!("{} is not running", busy.name));
             return;
         }
@@ -504,7 +513,10 @@ impl Rollout {
                     .find(|d| d.is_active() && d.pod == pod.name && d.pod_uid == pod.uid)
                 {
                     if !matches!(other.purpose, DrainPurpose::Restart { .. }) {
-                        self.wait(format!("{} is already draining for another reason", pod.name));
+                        self.wait(format!(
+                            "{} is already draining for another reason",
+                            pod.name
+                        ));
                         return;
                     }
                 } else {

@@ -122,8 +122,10 @@ impl SafePolicy {
         match serde_json::from_str::<ProgressRecord>(record) {
             Ok(r) if r.format == RECORD_FORMAT => policy.record = r,
             Ok(r) => {
-                policy.record.unreadable =
-                    Some(format!("progress record format {} is not {RECORD_FORMAT}", r.format))
+                policy.record.unreadable = Some(format!(
+                    "progress record format {} is not {RECORD_FORMAT}",
+                    r.format
+                ))
             }
             Err(e) => policy.record.unreadable = Some(format!("progress record unreadable: {e}")),
         }
@@ -175,14 +177,23 @@ impl SafePolicy {
         for d in self.record.drains.iter_mut().filter(|d| d.is_active()) {
             if matches!(d.purpose, DrainPurpose::Remove { .. })
                 && d.stage < DrainStage::Released
-                && !obs.desired.removals.iter().any(|r| r.pod == d.pod && r.uid == d.pod_uid)
+                && !obs
+                    .desired
+                    .removals
+                    .iter()
+                    .any(|r| r.pod == d.pod && r.uid == d.pod_uid)
             {
                 d.cancel_requested = true;
             }
         }
     }
 
-    fn upgrade(&mut self, obs: &Observation, actions: &mut Vec<Action>, notes: &mut Vec<PolicyNote>) {
+    fn upgrade(
+        &mut self,
+        obs: &Observation,
+        actions: &mut Vec<Action>,
+        notes: &mut Vec<PolicyNote>,
+    ) {
         if let Some(reason) = &self.record.unreadable {
             let reason = reason.clone();
             self.note_hold(notes, "rollout", format!("halted: {reason}"));
@@ -214,10 +225,14 @@ impl SafePolicy {
         let status = rollout.status.clone();
         let hold = rollout.hold.clone();
         match status {
-            RolloutStatus::Halted { reason } => self.note_hold(notes, "rollout", format!("halted: {reason}")),
-            RolloutStatus::RolledBack { reason } => {
-                self.note_hold(notes, "rollout", format!("rolled back and halted: {reason}"))
+            RolloutStatus::Halted { reason } => {
+                self.note_hold(notes, "rollout", format!("halted: {reason}"))
             }
+            RolloutStatus::RolledBack { reason } => self.note_hold(
+                notes,
+                "rollout",
+                format!("rolled back and halted: {reason}"),
+            ),
             RolloutStatus::Complete => {
                 self.reported.remove("rollout");
             }
@@ -301,7 +316,11 @@ impl Policy for SafePolicy {
             .record
             .drains
             .iter()
-            .filter(|d| d.is_active() && d.stage > DrainStage::MarkDraining && d.stage < DrainStage::Released)
+            .filter(|d| {
+                d.is_active()
+                    && d.stage > DrainStage::MarkDraining
+                    && d.stage < DrainStage::Released
+            })
             .map(|d| d.pod.clone())
             .collect();
         for d in self.record.drains.iter_mut().filter(|d| d.is_active()) {
@@ -338,8 +357,12 @@ impl Policy for SafePolicy {
             })
             .collect();
         for (pod, hold, alarmed) in holds {
-            let reason = if alarmed { format!("ALARM (drain is long): {hold}") } else { hold };
-            self.note_hold(&mut notes, &format!("drain {pod}"), reason);
+            let reason = if alarmed {
+                format!("ALARM (drain is long): {hold}")
+            } else {
+                hold
+            };
+            self.note_hold(&mut notes, &pod, reason);
         }
         // Keep the record bounded: only the newest finished drains stay.
         let finished = self.record.drains.iter().filter(|d| !d.is_active()).count();
@@ -360,7 +383,10 @@ impl Policy for SafePolicy {
     fn review_eviction(&mut self, obs: &Observation, request: &EvictionRequest) -> EvictionVerdict {
         let Some(pod) = obs.pod(&request.pod).filter(|p| p.uid == request.uid) else {
             return EvictionVerdict::Deny {
-                reason: format!("cannot verify pod {} ({}): retry later", request.pod, request.uid),
+                reason: format!(
+                    "cannot verify pod {} ({}): retry later",
+                    request.pod, request.uid
+                ),
             };
         };
         match pod.component {

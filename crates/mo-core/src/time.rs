@@ -149,7 +149,12 @@ mod duration_tests {
         assert_eq!(parse_duration("7").unwrap(), Millis::from_secs(7));
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("-1s").is_err());
-        for d in [Millis(250), Millis(10_000), Millis::from_mins(5), Millis(61_500)] {
+        for d in [
+            Millis(250),
+            Millis(10_000),
+            Millis::from_mins(5),
+            Millis(61_500),
+        ] {
             assert_eq!(parse_duration(&format_duration(d)).unwrap(), d);
         }
     }

@@ -34,16 +34,24 @@ pub fn run(args: Args) -> Result<()> {
     let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
         let bar = indicatif::ProgressBar::new(args.seeds);
         bar.set_style(
-            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} seeds ({elapsed}, eta {eta})")
-                .expect("static template"),
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} seeds ({elapsed}, eta {eta})",
+            )
+            .expect("static template"),
         );
         bar
     });
-    let report = campaign::run_campaign(args.start_seed, args.seeds, &args.policy, threads, &|done| {
-        if let Some(bar) = &bar {
-            bar.set_position(done);
-        }
-    });
+    let report = campaign::run_campaign(
+        args.start_seed,
+        args.seeds,
+        &args.policy,
+        threads,
+        &|done| {
+            if let Some(bar) = &bar {
+                bar.set_position(done);
+            }
+        },
+    );
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
@@ -70,7 +78,10 @@ fn shrink_failures(report: &CampaignReport, args: &Args) -> Result<Vec<String>> 
             .shrink_dir
             .join(format!("seed-{}-{}.yaml", failure.seed, args.policy));
         std::fs::write(&path, minimal.to_yaml())?;
-        commands.push(format!("mo-operator sim {} --events events.log", path.display()));
+        commands.push(format!(
+            "mo-operator sim {} --events events.log",
+            path.display()
+        ));
     }
     Ok(commands)
 }
@@ -90,7 +101,10 @@ fn print_report(r: &CampaignReport, shrunk: &[String]) {
         println!("  {n:>6} × {invariant}");
     }
     for f in r.failures.iter().take(10) {
-        println!("seed {} at {:.0}s: {}: {}", f.seed, f.at, f.invariant, f.detail);
+        println!(
+            "seed {} at {:.0}s: {}: {}",
+            f.seed, f.at, f.invariant, f.detail
+        );
         println!("  replay: {}", f.replay);
     }
     if r.failures.len() > 10 {

@@ -2,6 +2,7 @@
 
 mod campaign;
 mod embedded;
+mod html;
 mod output;
 
 use anyhow::{Context, Result, bail};
@@ -40,8 +41,32 @@ enum Command {
         #[arg(long)]
         events: Option<PathBuf>,
     },
-    /// The main job on the embedded simulator: both incidents under every policy.
+    /// The main job on the embedded simulator: both incidents under `legacy` and `safe`,
+    /// side by side, plus an HTML report.
     Demo {
+        #[arg(long)]
+        json: bool,
+        /// Where to write the HTML report.
+        #[arg(long, default_value = "mo-operator-demo.html")]
+        report: PathBuf,
+    },
+    /// Print an upgrade plan: phases, gates, the lower bound and the simulated makespan.
+    Plan {
+        /// Cluster description (a scenario file or embedded name).
+        #[arg(default_value = "incident-002-upgrade-without-gates")]
+        scenario: String,
+        /// Dependency strategy (JSON); default: the scenario's upgrade, else LOG → TN → CN → Proxy.
+        #[arg(long)]
+        strategy: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Makespans of safe, fixed-window and legacy against the lower bound (incident 002
+    /// without the heartbeat fault), and optionally campaign throughput.
+    Bench {
+        /// Also time a campaign of this many seeds under `safe`.
+        #[arg(long, default_value_t = 0)]
+        campaign_seeds: u64,
         #[arg(long)]
         json: bool,
     },
@@ -89,7 +114,16 @@ fn main() -> Result<()> {
             json,
             events,
         } => sim(&scenario, policy, seed, json, events),
-        Command::Demo { json } => demo(json),
+        Command::Demo { json, report } => demo(json, &report),
+        Command::Plan {
+            scenario,
+            strategy,
+            json,
+        } => plan(&scenario, strategy.as_deref(), json),
+        Command::Bench {
+            campaign_seeds,
+            json,
+        } => bench(campaign_seeds, json),
         Command::Campaign {
             seeds,
             start_seed,
@@ -177,27 +211,237 @@ fn sim(
     Ok(())
 }
 
-fn demo(json: bool) -> Result<()> {
-    let mut incidents = Vec::new();
+/// The policies the demo compares.
+const DEMO_POLICIES: [&str; 2] = ["legacy", "safe"];
+
+fn run_traced(scenario: &Scenario, policy: &str) -> (mo_sim::Report, mo_sim::Trace) {
+    let mut s = scenario.clone();
+    s.policy = policy.to_string();
+    let mut sim = Simulation::new(
+        s,
+        RunOptions {
+            trace: true,
+            ..RunOptions::default()
+        },
+    );
+    let report = sim.run(&mut |_| {});
+    let trace = sim.timeline().cloned().unwrap_or_default();
+    (report, trace)
+}
+
+fn demo(json: bool, report_path: &std::path::Path) -> Result<()> {
+    let mut runs = Vec::new();
     for (name, text) in embedded::INCIDENTS {
         let scenario = Scenario::from_yaml(text)?;
-        let mut runs = serde_json::Map::new();
-        for policy in mo_sim::policy::KNOWN_POLICIES {
-            let mut s = scenario.clone();
-            s.policy = policy.to_string();
-            let report = Simulation::new(s, RunOptions::default()).run(&mut |_| {});
-            runs.insert(policy.to_string(), serde_json::to_value(&report)?);
-        }
-        let mut entry = serde_json::Map::new();
-        entry.insert("name".into(), serde_json::Value::String(name.to_string()));
-        entry.extend(runs);
-        incidents.push(serde_json::Value::Object(entry));
+        let results: Vec<(&str, mo_sim::Report, mo_sim::Trace)> = DEMO_POLICIES
+            .iter()
+            .map(|p| {
+                let (r, t) = run_traced(&scenario, p);
+                (*p, r, t)
+            })
+            .collect();
+        runs.push((*name, scenario.description.clone(), results));
     }
+    let incidents: Vec<html::Incident<'_>> = runs
+        .iter()
+        .map(|(name, description, results)| html::Incident {
+            name,
+            description,
+            runs: results
+                .iter()
+                .map(|(policy, report, trace)| html::Run {
+                    policy,
+                    report,
+                    trace,
+                })
+                .collect(),
+        })
+        .collect();
+    std::fs::write(report_path, html::render(&incidents))
+        .with_context(|| format!("writing {}", report_path.display()))?;
     if json {
-        let doc = serde_json::json!({ "incidents": incidents });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        let incidents: Vec<serde_json::Value> = runs
+            .iter()
+            .map(|(name, _, results)| {
+                let mut entry = serde_json::Map::new();
+                entry.insert("name".into(), serde_json::Value::String(name.to_string()));
+                for (policy, report, _) in results {
+                    entry.insert(
+                        policy.to_string(),
+                        serde_json::to_value(report).expect("serializes"),
+                    );
+                }
+                serde_json::Value::Object(entry)
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "incidents": incidents }))?
+        );
     } else {
-        print!("{}", output::demo_table(&incidents)?);
+        let reports: Vec<(&str, Vec<(&str, &mo_sim::Report)>)> = runs
+            .iter()
+            .map(|(name, _, results)| (*name, results.iter().map(|(p, r, _)| (*p, r)).collect()))
+            .collect();
+        print!("{}", output::demo_table(&reports));
+        println!("HTML report: {}", report_path.display());
+    }
+    Ok(())
+}
+
+/// Incident 002's cluster and timings without the heartbeat fault, long enough for every policy.
+fn incident_002_without_fault() -> Result<Scenario> {
+    let mut scenario = Scenario::from_yaml(embedded::INCIDENT_002)?;
+    scenario.events.retain(|e| e.fault.is_none());
+    scenario.duration = "3h".parse().expect("valid duration");
+    scenario.name = "incident-002-without-heartbeat-fault".into();
+    Ok(scenario)
+}
+
+fn makespan(report: &mo_sim::Report) -> Option<f64> {
+    let u = report.upgrade.as_ref()?;
+    Some(u.finished_at? - u.started_at?)
+}
+
+fn plan(arg: &str, strategy: Option<&str>, json: bool) -> Result<()> {
+    let mut scenario = load_scenario(arg)?;
+    scenario.events.retain(|e| e.fault.is_none());
+    let strategy = match strategy {
+        Some(text) => mo_core::Strategy::parse(text)?,
+        None => scenario
+            .events
+            .iter()
+            .find_map(|e| e.upgrade.as_ref().and_then(|u| u.strategy.clone()))
+            .unwrap_or_default(),
+    };
+    let the_plan = mo_sim::plan::plan(&scenario, &strategy);
+    // The simulator's prediction: the same cluster upgraded by `safe` at t = 60 s.
+    scenario.events.retain(|e| e.upgrade.is_none());
+    scenario.events.push(mo_sim::scenario::EventSpec {
+        at: "60s".parse().expect("valid"),
+        upgrade: Some(mo_sim::scenario::UpgradeEvent {
+            version: "next".into(),
+            strategy: Some(strategy.clone()),
+        }),
+        ..Default::default()
+    });
+    scenario.duration = "6h".parse().expect("valid");
+    scenario.policy = "safe".into();
+    scenario.validate()?;
+    let report = Simulation::new(scenario, RunOptions::default()).run(&mut |_| {});
+    let predicted = makespan(&report);
+    if json {
+        let mut value = serde_json::to_value(&the_plan)?;
+        value["simulated_makespan_seconds"] = serde_json::json!(predicted);
+        value["simulated_waiting_on"] = serde_json::to_value(&report.waiting_on)?;
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(());
+    }
+    println!("strategy {}", the_plan.strategy);
+    println!(
+        "first image pull: {:.0} s (new image pre-pulled on every node)",
+        the_plan.image_pull_seconds
+    );
+    for (i, p) in the_plan.phases.iter().enumerate() {
+        println!(
+            "phase {}: {} — {} pods, {} at a time, at least {:.0} s",
+            i + 1,
+            p.component,
+            p.pods,
+            p.parallelism,
+            p.lower_bound_seconds
+        );
+        println!("   before each pod: {}", p.before_each_pod);
+        println!("   after each pod:  {}", p.after_each_pod);
+        println!(
+            "   before the next phase: the whole {} gate holds for the stability window",
+            p.component
+        );
+    }
+    println!("lower bound: {:.0} s", the_plan.lower_bound_seconds);
+    match predicted {
+        Some(m) => println!(
+            "simulated makespan under `safe`: {m:.0} s ({:.3} × the lower bound)",
+            m / the_plan.lower_bound_seconds
+        ),
+        None => println!(
+            "simulated upgrade under `safe` did not finish: {:?}",
+            report.waiting_on
+        ),
+    }
+    Ok(())
+}
+
+fn bench(campaign_seeds: u64, json: bool) -> Result<()> {
+    let scenario = incident_002_without_fault()?;
+    let strategy = scenario
+        .events
+        .iter()
+        .find_map(|e| e.upgrade.as_ref().and_then(|u| u.strategy.clone()))
+        .unwrap_or_default();
+    let lower = mo_sim::plan::plan(&scenario, &strategy).lower_bound_seconds;
+    let mut rows = Vec::new();
+    for policy in ["safe", "fixed-window", "legacy"] {
+        let mut s = scenario.clone();
+        s.policy = policy.into();
+        let report = Simulation::new(s, RunOptions::default()).run(&mut |_| {});
+        rows.push(serde_json::json!({
+            "policy": policy,
+            "makespan_seconds": makespan(&report),
+            "ratio_to_lower_bound": makespan(&report).map(|m| m / lower),
+            "txns": report.txns,
+            "tn_fatal_exits": report.tn_fatal_exits,
+            "unsafe_actions": report.unsafe_actions,
+            "wall_seconds": report.wall_seconds,
+        }));
+    }
+    let campaign = (campaign_seeds > 0).then(|| {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let r = mo_sim::campaign::run_campaign(1, campaign_seeds, "safe", threads, &|_| {});
+        serde_json::json!({
+            "seeds": campaign_seeds,
+            "threads": threads,
+            "wall_seconds": r.wall_seconds,
+            "scenarios_per_second": campaign_seeds as f64 / r.wall_seconds,
+            "events_per_second": r.events as f64 / r.wall_seconds,
+            "violations": r.violations,
+        })
+    });
+    let doc = serde_json::json!({
+        "scenario": scenario.name,
+        "lower_bound_seconds": lower,
+        "policies": rows,
+        "campaign": campaign,
+    });
+    if json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    println!("{} — lower bound {lower:.0} s", scenario.name);
+    for row in &rows {
+        println!(
+            "  {:<13} makespan {:>6} s  ratio {:>6}  failed {} unknown {} TN fatal exits {}",
+            row["policy"].as_str().unwrap_or("?"),
+            row["makespan_seconds"]
+                .as_f64()
+                .map_or("-".into(), |m| format!("{m:.0}")),
+            row["ratio_to_lower_bound"]
+                .as_f64()
+                .map_or("-".into(), |m| format!("{m:.3}")),
+            row["txns"]["failed_definite"],
+            row["txns"]["unknown"],
+            row["tn_fatal_exits"],
+        );
+    }
+    if let Some(c) = campaign {
+        println!(
+            "  campaign: {} seeds in {:.1} s on {} threads ({:.1} scenarios/s, {} violations)",
+            c["seeds"],
+            c["wall_seconds"].as_f64().unwrap_or(0.0),
+            c["threads"],
+            c["scenarios_per_second"].as_f64().unwrap_or(0.0),
+            c["violations"]
+        );
     }
     Ok(())
 }

@@ -79,29 +79,21 @@ pub fn summary(r: &Report) -> String {
 /// A table row: its label and how to read it from a report.
 type Row = (&'static str, fn(&Report) -> String);
 
-pub fn demo_table(incidents: &[serde_json::Value]) -> anyhow::Result<String> {
+/// Side-by-side table of each incident under each policy.
+pub fn demo_table(incidents: &[(&str, Vec<(&str, &Report)>)]) -> String {
     let mut s = String::new();
-    for incident in incidents {
-        let name = incident["name"].as_str().unwrap_or("?");
-        let _ = writeln!(s, "{name}");
-        let policies: Vec<(&String, Report)> = incident
-            .as_object()
-            .into_iter()
-            .flatten()
-            .filter(|(k, _)| k.as_str() != "name")
-            .map(|(k, v)| Ok((k, serde_json::from_value(v.clone())?)))
-            .collect::<anyhow::Result<_>>()?;
-        let _ = write!(s, "  {:<34}", "");
-        for (policy, _) in &policies {
+    for (name, runs) in incidents {
+        let _ = write!(s, "{name:<36}");
+        for (policy, _) in runs {
             let _ = write!(s, "{policy:>12}");
         }
         let _ = writeln!(s);
-        let rows: [Row; 8] = [
+        let rows: [Row; 9] = [
             ("transactions committed", |r| r.txns.committed.to_string()),
             ("failed (definite)", |r| r.txns.failed_definite.to_string()),
             ("unknown outcome", |r| r.txns.unknown.to_string()),
             ("TN fatal exits", |r| r.tn_fatal_exits.to_string()),
-            ("proxy without route (s)", |r| {
+            ("seconds with no route", |r| {
                 format!("{:.0}", r.proxy_no_route_seconds)
             }),
             ("deletes w/o drain confirmation", |r| {
@@ -117,15 +109,24 @@ pub fn demo_table(incidents: &[serde_json::Value]) -> anyhow::Result<String> {
                     .log_restart_without_quorum_margin
                     .to_string()
             }),
+            ("upgrade finished at (s)", |r| match &r.upgrade {
+                None => "-".into(),
+                Some(u) => u.finished_at.map_or("halted".into(), |f| format!("{f:.0}")),
+            }),
         ];
         for (label, value) in rows {
             let _ = write!(s, "  {label:<34}");
-            for (_, r) in &policies {
+            for (_, r) in runs {
                 let _ = write!(s, "{:>12}", value(r));
             }
             let _ = writeln!(s);
         }
+        for (policy, r) in runs {
+            if let Some(reason) = r.waiting_on.get("rollout") {
+                let _ = writeln!(s, "  {policy}: {reason}");
+            }
+        }
         let _ = writeln!(s);
     }
-    Ok(s)
+    s
 }

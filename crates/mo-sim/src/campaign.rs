@@ -54,12 +54,22 @@ pub fn generate(seed: u64) -> Scenario {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6d6f_2d6f_7065_7261);
     let log = if rng.random_bool(0.8) { 3 } else { 5 };
     let tenant = rng.random_range(2..=4usize);
-    let pool = if rng.random_bool(0.5) { rng.random_range(1..=2usize) } else { 0 };
-    let bound = if pool > 0 { rng.random_range(0..=1usize) } else { 0 };
+    let pool = if rng.random_bool(0.5) {
+        rng.random_range(1..=2usize)
+    } else {
+        0
+    };
+    let bound = if pool > 0 {
+        rng.random_range(0..=1usize)
+    } else {
+        0
+    };
     let proxies = rng.random_range(1..=3usize);
     let pods = log + 1 + tenant + pool + proxies;
     let nodes = pods + rng.random_range(1..=2usize);
-    let tables: Vec<String> = (0..rng.random_range(2..=5usize)).map(|i| format!("t{i}")).collect();
+    let tables: Vec<String> = (0..rng.random_range(2..=5usize))
+        .map(|i| format!("t{i}"))
+        .collect();
     let mut cn_pods: Vec<String> = (0..tenant).map(|i| format!("tenant-{i}")).collect();
     cn_pods.extend((0..pool).map(|i| format!("pool-{i}")));
     let mut all_pods: Vec<String> = (0..log).map(|i| format!("log-{i}")).collect();
@@ -69,17 +79,23 @@ pub fn generate(seed: u64) -> Scenario {
 
     let mut y = String::new();
     let _ = writeln!(y, "name: campaign-{seed}\nseed: {seed}\nduration: 60m");
+    let _ = writeln!(y, "kernel: {{drain_protocol: {}}}", rng.random_bool(0.5));
+    let on_stall = if rng.random_bool(0.5) {
+        "Halt"
+    } else {
+        "Rollback"
+    };
+    let _ = writeln!(y, "safe: {{on_stall: {on_stall}}}");
     let _ = writeln!(
         y,
-        "kernel: {{drain_protocol: {}}}",
-        rng.random_bool(0.5)
+        "topology:\n  version: v1\n  nodes: {nodes}\n  log_replicas: {log}\n  proxy_replicas: {proxies}\n  cn_groups:"
     );
-    let on_stall = if rng.random_bool(0.5) { "Halt" } else { "Rollback" };
-    let _ = writeln!(y, "safe: {{on_stall: {on_stall}}}");
-    let _ = writeln!(y, "topology:\n  version: v1\n  nodes: {nodes}\n  log_replicas: {log}\n  proxy_replicas: {proxies}\n  cn_groups:");
     let _ = writeln!(y, "    - {{name: tenant, replicas: {tenant}}}");
     if pool > 0 {
-        let _ = writeln!(y, "    - {{name: pool, pool: true, replicas: {pool}, bound: {bound}}}");
+        let _ = writeln!(
+            y,
+            "    - {{name: pool, pool: true, replicas: {pool}, bound: {bound}}}"
+        );
     }
     let _ = writeln!(y, "lock_tables:");
     let mut any_lock = false;
@@ -114,7 +130,11 @@ pub fn generate(seed: u64) -> Scenario {
         rng.random_range(3..=10u32),
     );
     if rng.random_bool(0.25) {
-        let method = if rng.random_bool(0.5) { "eviction" } else { "pool-reclaim" };
+        let method = if rng.random_bool(0.5) {
+            "eviction"
+        } else {
+            "pool-reclaim"
+        };
         let _ = writeln!(
             y,
             "consolidation: {{start: {}s, method: {method}}}",
@@ -131,7 +151,11 @@ pub fn generate(seed: u64) -> Scenario {
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                let deps = if i == 0 { String::new() } else { format!("\"{}\"", order[i - 1]) };
+                let deps = if i == 0 {
+                    String::new()
+                } else {
+                    format!("\"{}\"", order[i - 1])
+                };
                 format!("\"{c}\":[{deps}]")
             })
             .collect();
@@ -146,24 +170,39 @@ pub fn generate(seed: u64) -> Scenario {
         let at = rng.random_range(30..=1500u32);
         let pick = |rng: &mut ChaCha8Rng, v: &[String]| v[rng.random_range(0..v.len())].clone();
         let event = match rng.random_range(0..100u32) {
-            0..=19 => format!("evict: {{pod: {}, source: cluster-autoscaler}}", pick(&mut rng, &all_pods)),
+            0..=19 => format!(
+                "evict: {{pod: {}, source: cluster-autoscaler}}",
+                pick(&mut rng, &all_pods)
+            ),
             20..=29 => format!("drain_node: {{node: node-{}}}", rng.random_range(1..=nodes)),
-            30..=39 if tenant >= 3 => format!("scale_in: {{group: tenant, replicas: {}}}", tenant - 1),
+            30..=39 if tenant >= 3 => {
+                format!("scale_in: {{group: tenant, replicas: {}}}", tenant - 1)
+            }
             40..=44 if bound > 0 => "claim_release: {pod: pool-0}".to_string(),
-            45..=54 => format!("node_failure: {{node: node-{}}}", rng.random_range(1..=nodes)),
+            45..=54 => format!(
+                "node_failure: {{node: node-{}}}",
+                rng.random_range(1..=nodes)
+            ),
             55..=64 => format!("cn_crash: {{pod: {}}}", pick(&mut rng, &cn_pods)),
-            65..=72 => format!("hakeeper_outage: {{duration: {}s}}", rng.random_range(10..=60u32)),
+            65..=72 => format!(
+                "hakeeper_outage: {{duration: {}s}}",
+                rng.random_range(10..=60u32)
+            ),
             73..=89 => format!(
                 "operator_restart: {{drop_pending_actions: {}}}",
                 rng.random_bool(0.5)
             ),
             90..=94 => "fault: {cn_never_heartbeats_after_restart: true}".to_string(),
             95..=99 => format!("delete_pod: {{pod: {}}}", pick(&mut rng, &all_pods)),
-            _ => format!("operator_restart: {{drop_pending_actions: {}}}", rng.random_bool(0.5)),
+            _ => format!(
+                "operator_restart: {{drop_pending_actions: {}}}",
+                rng.random_bool(0.5)
+            ),
         };
         let _ = writeln!(y, "  - {{at: {at}s, {event}}}");
     }
-    Scenario::from_yaml(&y).unwrap_or_else(|e| panic!("generated scenario {seed} is invalid: {e}\n{y}"))
+    Scenario::from_yaml(&y)
+        .unwrap_or_else(|e| panic!("generated scenario {seed} is invalid: {e}\n{y}"))
 }
 
 /// Involuntary faults or kernel bugs in play: liveness is then only "waits on a named
@@ -287,7 +326,12 @@ pub fn run_campaign(
 /// Greedily removes what the violation does not need (events, the consolidation agent,
 /// clients, lock tables) while `invariant` still breaks. At most `budget` runs.
 pub fn shrink(scenario: &Scenario, invariant: &str, budget: usize) -> Scenario {
-    let breaks = |s: &Scenario| check(s.clone()).violations.iter().any(|v| v.invariant == invariant);
+    let breaks = |s: &Scenario| {
+        check(s.clone())
+            .violations
+            .iter()
+            .any(|v| v.invariant == invariant)
+    };
     let mut best = scenario.clone();
     let mut runs = 0;
     loop {

@@ -5,13 +5,14 @@
 
 pub mod campaign;
 pub mod duration;
+pub mod plan;
 pub mod policy;
 pub mod report;
 pub mod scenario;
 pub mod timings;
 mod world;
 
-pub use report::{Report, TxnCounts, UnsafeActions, UpgradeReport};
+pub use report::{Report, Trace, TraceEvent, TxnCounts, UnsafeActions, UpgradeReport};
 pub use scenario::{Scenario, ScenarioError};
 pub use timings::Timings;
 pub use world::{Audit, OutcomeKind, RunOptions, Simulation};

@@ -71,6 +71,26 @@ pub struct Report {
     pub violations: Vec<Violation>,
 }
 
+/// A structured timeline for reports (kept only when asked for).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Trace {
+    pub events: Vec<TraceEvent>,
+    /// Transaction outcomes per `bucket_seconds`: committed, failed, unknown.
+    pub bucket_seconds: f64,
+    pub outcomes: Vec<[u64; 3]>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceEvent {
+    pub at: f64,
+    /// A pod name, or `phases`, `rollout`, `unsafe`.
+    pub lane: String,
+    /// `deleted`, `sigterm`, `gone`, `running`, `restart`, `fatal`, `phase-start`,
+    /// `phase-end`, `hold`, `release`, `unsafe`, `registered`.
+    pub kind: String,
+    pub text: String,
+}
+
 /// A broken invariant, found on the event where it broke.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Violation {

@@ -249,6 +249,9 @@ pub struct EventSpec {
     pub scale_in: Option<ScaleIn>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_release: Option<PodRef>,
+    /// A claim binds a pooled CN again (withdraws a pending pool reclaim of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_bind: Option<PodRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<UpgradeEvent>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -338,6 +341,9 @@ pub enum EventKind {
     ClaimRelease {
         pod: String,
     },
+    ClaimBind {
+        pod: String,
+    },
     Upgrade {
         version: String,
         strategy: Strategy,
@@ -354,8 +360,12 @@ pub enum EventKind {
     Fault {
         cn_never_heartbeats_after_restart: bool,
     },
-        HakeeperOutage { duration: Dur },
-    OperatorRestart { drop_pending_actions: bool },
+    HakeeperOutage {
+        duration: Dur,
+    },
+    OperatorRestart {
+        drop_pending_actions: bool,
+    },
 }
 
 impl EventSpec {
@@ -380,6 +390,9 @@ impl EventSpec {
         }
         if let Some(p) = &self.claim_release {
             kinds.push(EventKind::ClaimRelease { pod: p.pod.clone() });
+        }
+        if let Some(p) = &self.claim_bind {
+            kinds.push(EventKind::ClaimBind { pod: p.pod.clone() });
         }
         if let Some(u) = &self.upgrade {
             kinds.push(EventKind::Upgrade {
@@ -417,7 +430,7 @@ impl EventSpec {
             return Err(field_err(
                 format!("events[{index}]"),
                 format!(
-                    "give exactly one of evict, drain_node, scale_in, claim_release, upgrade, \
+                    "give exactly one of evict, drain_node, scale_in, claim_release, claim_bind, upgrade, \
                      node_failure, cn_crash, delete_pod, fault, hakeeper_outage, \
                      operator_restart (found {})",
                     kinds.len()
@@ -618,11 +631,16 @@ impl Scenario {
             };
             match &kind {
                 EventKind::Evict { pod, .. } => pod_field(pod, "evict")?,
-                EventKind::ClaimRelease { pod } => {
-                    pod_field(pod, "claim_release")?;
+                EventKind::ClaimRelease { pod } | EventKind::ClaimBind { pod } => {
+                    let key = if matches!(kind, EventKind::ClaimBind { .. }) {
+                        "claim_bind"
+                    } else {
+                        "claim_release"
+                    };
+                    pod_field(pod, key)?;
                     if !self.pool_pod_names().contains(pod) {
                         return Err(field_err(
-                            format!("events[{i}].claim_release.pod"),
+                            format!("events[{i}].{key}.pod"),
                             format!("`{pod}` is not in a CN pool"),
                         ));
                     }

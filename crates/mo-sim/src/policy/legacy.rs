@@ -242,7 +242,11 @@ impl LegacyPolicy {
 
 impl Policy for LegacyPolicy {
     fn name(&self) -> &str {
-        if self.window.is_some() { "fixed-window" } else { "legacy" }
+        if self.window.is_some() {
+            "fixed-window"
+        } else {
+            "legacy"
+        }
     }
 
     fn decide(&mut self, input: PolicyInput<'_>) -> Decision {

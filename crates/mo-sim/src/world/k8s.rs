@@ -112,6 +112,9 @@ impl Simulation {
         let name = self.pods[p].name.clone();
         let node = self.nodes[self.pods[p].node].name.clone();
         let version = self.pods[p].version.clone();
+        self.trace(&name, "running", || {
+            format!("running on {node} ({version})")
+        });
         self.log("k8s", || format!("{name} running on {node} ({version})"));
         self.start_process(p);
     }
@@ -146,6 +149,7 @@ impl Simulation {
         self.pods[p].deletion = Some(Deletion { cause, recreate });
         self.pods[p].ready = false;
         let name = self.pods[p].name.clone();
+        self.trace(&name, "deleted", || why.to_string());
         self.log("k8s", || format!("{name} deleted ({why})"));
         if !self.pods[p].process_alive {
             self.pod_gone(p);
@@ -164,6 +168,7 @@ impl Simulation {
         self.pods[p].sigterm_sent = true;
         self.pods[p].ready = false;
         let name = self.pods[p].name.clone();
+        self.trace(&name, "sigterm", || "SIGTERM".into());
         self.log("kubelet", || format!("{name}: SIGTERM"));
         self.after(self.t.termination_grace, Ev::PodKill(p, epoch));
         match self.pods[p].component {
@@ -209,6 +214,8 @@ impl Simulation {
         if !self.pods[p].process_alive {
             return;
         }
+        let name = self.pods[p].name.clone();
+        self.trace(&name, "crash", || "process died".into());
         self.pods[p].ready = false;
         match self.pods[p].component {
             Component::Log => {
@@ -272,6 +279,9 @@ impl Simulation {
         self.pods[p].restarts += 1;
         let name = self.pods[p].name.clone();
         let restarts = self.pods[p].restarts;
+        self.trace(&name, "restart", || {
+            format!("container restart #{restarts}")
+        });
         self.log("kubelet", || {
             format!("{name}: container restart #{restarts}")
         });
@@ -288,6 +298,7 @@ impl Simulation {
         }
         let removed = self.removals.iter().any(|r| r.pod == name);
         self.removals.retain(|r| r.pod != name);
+        self.trace(&name, "gone", || "gone".into());
         self.log("k8s", || format!("{name} gone"));
         if removed {
             self.cns.remove(&p);

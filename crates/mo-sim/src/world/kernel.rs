@@ -155,7 +155,13 @@ impl Simulation {
             .iter()
             .copied()
             .filter(|&r| shard.replicas[r].state == ReplicaState::Joined { caught_up: false })
-            .map(|r| (r, shard.replicas[r].epoch, shard.replicas[r].catch_up_generation))
+            .map(|r| {
+                (
+                    r,
+                    shard.replicas[r].epoch,
+                    shard.replicas[r].catch_up_generation,
+                )
+            })
             .collect();
         self.log("raft", || {
             format!("shard {id}: {store} elected leader (term {term})")
@@ -323,7 +329,9 @@ impl Simulation {
             .position(|x| x.id == shard_id)
             .ok_or_else(|| ActionError::DoesNotExist(format!("shard {shard_id}")))?;
         if !self.shards[0].can_commit() {
-            return Err(ActionError::Unavailable("HAKeeper shard has no leader".into()));
+            return Err(ActionError::Unavailable(
+                "HAKeeper shard has no leader".into(),
+            ));
         }
         let shard = &self.shards[s];
         let to = shard
@@ -332,13 +340,20 @@ impl Simulation {
             .position(|r| r.store == to_store)
             .ok_or_else(|| ActionError::DoesNotExist(format!("{to_store} in shard {shard_id}")))?;
         if shard.leader.is_none() {
-            return Err(ActionError::Unavailable(format!("shard {shard_id} has no leader")));
+            return Err(ActionError::Unavailable(format!(
+                "shard {shard_id} has no leader"
+            )));
         }
         if shard.replicas[to].state != (ReplicaState::Joined { caught_up: true }) {
-            return Err(ActionError::Conflict(format!("{to_store} is not caught up")));
+            return Err(ActionError::Conflict(format!(
+                "{to_store} is not caught up"
+            )));
         }
         let term = shard.term;
-        self.after(self.t.log_leader_transfer, Ev::LeaderTransfer { shard: s, to, term });
+        self.after(
+            self.t.log_leader_transfer,
+            Ev::LeaderTransfer { shard: s, to, term },
+        );
         Ok(())
     }
 
@@ -353,7 +368,9 @@ impl Simulation {
         shard.leader = Some(to);
         shard.term += 1;
         let (id, store, term) = (shard.id, shard.replicas[to].store.clone(), shard.term);
-        self.log("raft", || format!("shard {id}: leadership transferred to {store} (term {term})"));
+        self.log("raft", || {
+            format!("shard {id}: leadership transferred to {store} (term {term})")
+        });
     }
 
     pub(crate) fn tn_process_started(&mut self, p: PodId, epoch: u64) {
@@ -447,6 +464,8 @@ impl Simulation {
     fn tn_fatal(&mut self, reason: &str) {
         self.tn_fatal_exit_times.push(self.now);
         let n = self.tn_fatal_exit_times.len();
+        let pod = self.pods[self.tn.pod].name.clone();
+        self.trace(&pod, "fatal", || reason.to_string());
         self.log("tn", || format!("fatal exit #{n}: {reason}"));
         let p = self.tn.pod;
         self.crash_process(p, Cause::Involuntary, true);
@@ -866,20 +885,24 @@ impl Simulation {
     // ------------------------------------------- Instance-bound drain protocol
 
     /// `BeginDrain(instance)`: only the live instance with that start epoch can be drained.
-    pub(crate) fn begin_drain(&mut self, uuid: &str, start_epoch: u64) -> Result<u64, mo_core::ActionError> {
+    pub(crate) fn begin_drain(
+        &mut self,
+        uuid: &str,
+        start_epoch: u64,
+    ) -> Result<u64, mo_core::ActionError> {
         use mo_core::ActionError;
         if !self.drain_protocol {
             return Err(ActionError::Unsupported("BeginDrain".into()));
         }
         if self.tn.phase != TnPhase::Running {
-            return Err(ActionError::Unavailable("lock allocator (TN) unavailable".into()));
+            return Err(ActionError::Unavailable(
+                "lock allocator (TN) unavailable".into(),
+            ));
         }
-        let Some((&p, cn)) = self
-            .cns
-            .iter()
-            .find(|(_, c)| c.uuid == uuid && c.lock_open)
-        else {
-            return Err(ActionError::DoesNotExist(format!("no running instance of CN {uuid}")));
+        let Some((&p, cn)) = self.cns.iter().find(|(_, c)| c.uuid == uuid && c.lock_open) else {
+            return Err(ActionError::DoesNotExist(format!(
+                "no running instance of CN {uuid}"
+            )));
         };
         if cn.epoch != start_epoch {
             return Err(ActionError::Conflict(format!(
@@ -897,7 +920,10 @@ impl Simulation {
         }
         self.drain_counter += 1;
         let id = self.drain_counter;
-        let instance = Instance { pod: p, epoch: cn.epoch };
+        let instance = Instance {
+            pod: p,
+            epoch: cn.epoch,
+        };
         self.kernel_drains.insert(
             id,
             KernelDrain {
@@ -908,7 +934,9 @@ impl Simulation {
         self.cns.get_mut(&p).expect("found above").kernel_drain = Some(id);
         self.after(self.t.bind_keepalive, Ev::CnKeepalive(p, instance.epoch));
         let name = self.pods[p].name.clone();
-        self.log("allocator", || format!("BeginDrain({name}, epoch {start_epoch}) -> drain {id}"));
+        self.log("allocator", || {
+            format!("BeginDrain({name}, epoch {start_epoch}) -> drain {id}")
+        });
         Ok(id)
     }
 
@@ -918,7 +946,9 @@ impl Simulation {
             return Err(ActionError::Unsupported("CancelDrain".into()));
         }
         if self.tn.phase != TnPhase::Running {
-            return Err(ActionError::Unavailable("lock allocator (TN) unavailable".into()));
+            return Err(ActionError::Unavailable(
+                "lock allocator (TN) unavailable".into(),
+            ));
         }
         let drain = self
             .kernel_drains

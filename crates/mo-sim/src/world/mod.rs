@@ -135,7 +135,11 @@ pub(crate) enum Ev {
     BindInvalidate(PodId, u64),
     ProxyStarted(PodId, u64),
     ImagePulled(usize, usize),
-    LeaderTransfer { shard: usize, to: usize, term: u64 },
+    LeaderTransfer {
+        shard: usize,
+        to: usize,
+        term: u64,
+    },
     ClientNext(ClientId),
     StmtDone(ClientId, TxnId),
     CommitAtTn(ClientId, TxnId),
@@ -346,6 +350,8 @@ pub struct RunOptions {
     pub audit: bool,
     /// Check the safety invariants after every event (campaigns).
     pub check_invariants: bool,
+    /// Keep a structured timeline for reports.
+    pub trace: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -407,6 +413,7 @@ pub struct Simulation {
     pub(crate) crash_pending: Option<bool>,
     pub(crate) operator_restarts: u64,
     pub(crate) check_invariants: bool,
+    pub(crate) trace: Option<crate::report::Trace>,
     pub(crate) violations: Vec<crate::report::Violation>,
     pub(crate) seen: (u64, u64, usize),
     pub(crate) last_failure: String,
@@ -514,6 +521,10 @@ impl Simulation {
             crash_pending: None,
             operator_restarts: 0,
             check_invariants: options.check_invariants,
+            trace: options.trace.then(|| crate::report::Trace {
+                bucket_seconds: 10.0,
+                ..Default::default()
+            }),
             violations: Vec::new(),
             seen: (0, 0, 0),
             last_failure: String::new(),
@@ -723,6 +734,22 @@ impl Simulation {
     pub(crate) fn after(&mut self, delay: Dur, ev: Ev) {
         let at = self.now + delay.millis();
         self.schedule(at, ev);
+    }
+
+    pub(crate) fn trace(&mut self, lane: &str, kind: &str, text: impl FnOnce() -> String) {
+        if let Some(trace) = &mut self.trace {
+            trace.events.push(crate::report::TraceEvent {
+                at: self.now.as_secs_f64(),
+                lane: lane.to_string(),
+                kind: kind.to_string(),
+                text: text(),
+            });
+        }
+    }
+
+    /// The structured timeline, when it was kept.
+    pub fn timeline(&self) -> Option<&crate::report::Trace> {
+        self.trace.as_ref()
     }
 
     pub(crate) fn log(&mut self, source: &str, message: impl FnOnce() -> String) {
@@ -963,6 +990,20 @@ impl Simulation {
                     self.log("pool", || format!("claim on {pod} released: Idle"));
                 }
             }
+            EventKind::ClaimBind { pod } => {
+                if let Some(&p) = self.pod_by_name.get(&pod) {
+                    self.pods[p].pool_phase = Some(PoolPhase::Bound);
+                    let before = self.removals.len();
+                    self.removals.retain(|r| {
+                        !(r.pod == pod
+                            && matches!(r.reason, mo_core::RemovalReason::PoolReclaim { .. }))
+                    });
+                    let withdrawn = before != self.removals.len();
+                    self.log("pool", || {
+                        format!("{pod} bound by a claim (pending reclaim withdrawn: {withdrawn})")
+                    });
+                }
+            }
             EventKind::Upgrade { version, strategy } => {
                 self.log("spec", || {
                     format!("upgrade to {version} requested, strategy {strategy}")
@@ -1127,9 +1168,15 @@ impl Simulation {
         self.policy = make_policy(&self.scenario.policy, &self.scenario, record.as_deref())
             .expect("the policy was built from this scenario before");
         self.last_results.clear();
-        let fate = if drop_pending_actions { "lost" } else { "applied" };
+        let fate = if drop_pending_actions {
+            "lost"
+        } else {
+            "applied"
+        };
         self.log("operator", || {
-            format!("operator restarted from its progress record ({pending} pending actions {fate})")
+            format!(
+                "operator restarted from its progress record ({pending} pending actions {fate})"
+            )
         });
     }
 

@@ -5,9 +5,9 @@
 use super::kernel::majority;
 use super::*;
 use mo_core::{
-    Action, ActionError, ActionOutput, AllocatorView, ClusterDetails, CnActivity, CnStoreView, DesiredState,
-    LogReplicaView, LogShardView, Observation, ObservationError, PodObservation, PodPhase,
-    PolicyNote, RestartAnswer, TnStoreView,
+    Action, ActionError, ActionOutput, AllocatorView, ClusterDetails, CnActivity, CnStoreView,
+    DesiredState, LogReplicaView, LogShardView, Observation, ObservationError, PodObservation,
+    PodPhase, PolicyNote, RestartAnswer, TnStoreView,
 };
 
 impl Simulation {
@@ -312,12 +312,30 @@ impl Simulation {
             }
             PolicyNote::Holding { .. } | PolicyNote::Released { .. } => {}
         }
+        match &note {
+            PolicyNote::PhaseStarted { component } => {
+                self.trace("phases", "phase-start", || component.to_string())
+            }
+            PolicyNote::PhaseFinished { component } => {
+                self.trace("phases", "phase-end", || component.to_string())
+            }
+            PolicyNote::UpgradeFinished => {
+                self.trace("phases", "upgrade-end", || "upgrade finished".into())
+            }
+            PolicyNote::Holding { subject, reason } => {
+                self.trace(subject, "hold", || reason.clone())
+            }
+            PolicyNote::Released { subject, reason } => {
+                self.trace(subject, "release", || reason.clone())
+            }
+        }
         self.log("policy", || format!("{note:?}"));
     }
 
     fn count_unsafe(&mut self, counter: fn(&mut UnsafeActions) -> &mut u64, what: String) {
         *counter(&mut self.unsafe_actions) += 1;
         let line = format!("{}: {what}", self.now);
+        self.trace("unsafe", "unsafe", || what.clone());
         self.log("UNSAFE", || what.clone());
         self.unsafe_log.push(line);
     }

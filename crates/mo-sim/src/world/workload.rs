@@ -329,8 +329,7 @@ impl Simulation {
         let Some(pos) = self.tn.wal_waiting.iter().position(|&w| w == x) else {
             return;
         };
-        if !matches!(self.tn.phase, TnPhase::Running | TnPhase::Stopping) || !self.wal_available()
-        {
+        if !matches!(self.tn.phase, TnPhase::Running | TnPhase::Stopping) || !self.wal_available() {
             return; // still waiting; a later flush completes it
         }
         self.tn.wal_waiting.remove(pos);
@@ -471,6 +470,18 @@ impl Simulation {
 
     /// Counts the one outcome the client of `x` is told (callers flip `reported` first).
     fn count(&mut self, x: TxnId, outcome: &Outcome) {
+        if let Some(trace) = &mut self.trace {
+            let bucket = (self.now.as_secs_f64() / trace.bucket_seconds) as usize;
+            if trace.outcomes.len() <= bucket {
+                trace.outcomes.resize(bucket + 1, [0; 3]);
+            }
+            let column = match outcome {
+                Outcome::Committed => 0,
+                Outcome::Failed(..) => 1,
+                Outcome::Unknown(..) => 2,
+            };
+            trace.outcomes[bucket][column] += 1;
+        }
         if let Some(audit) = &mut self.audit {
             let kind = match outcome {
                 Outcome::Committed => OutcomeKind::Committed,

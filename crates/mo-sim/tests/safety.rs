@@ -1,0 +1,312 @@
+//! The safe policy in the simulator: both incidents, evictions, cancellations, operator
+//! restarts, resuming from any progress record, and small campaigns.
+
+use mo_core::{
+    Component, Decision, EvictionRequest, EvictionVerdict, Observation, Policy, PolicyInput,
+    SafeConfig, SafePolicy,
+};
+use mo_sim::{Report, RunOptions, Scenario, Simulation};
+
+const INCIDENT_000: &str = include_str!("../../../scenarios/incident-000-lock-owner-eviction.yaml");
+const INCIDENT_002: &str =
+    include_str!("../../../scenarios/incident-002-upgrade-without-gates.yaml");
+
+fn scenario(text: &str, policy: &str) -> Scenario {
+    let mut s = Scenario::from_yaml(text).expect("scenario parses");
+    s.policy = policy.into();
+    s
+}
+
+fn run(s: Scenario) -> (Report, Vec<String>) {
+    let mut sim = Simulation::new(
+        s,
+        RunOptions {
+            record_events: true,
+            check_invariants: true,
+            ..RunOptions::default()
+        },
+    );
+    let report = sim.run(&mut |_| {});
+    (report, sim.event_log().to_vec())
+}
+
+fn assert_clean(r: &Report) {
+    assert_eq!(r.txns.unknown, 0, "{:?}", r.errors_by_kind);
+    assert_eq!(r.txns.failed_definite, 0, "{:?}", r.errors_by_kind);
+    assert_eq!(r.tn_fatal_exits, 0);
+    assert_eq!(r.unsafe_actions.total(), 0, "{:?}", r.unsafe_action_log);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    assert!(r.txns.committed > 0);
+}
+
+fn without_fault(mut s: Scenario) -> Scenario {
+    s.events.retain(|e| e.fault.is_none());
+    s.duration = "3h".parse().unwrap();
+    s
+}
+
+#[test]
+fn safe_incident_000_drains_the_lock_owner_before_it_leaves() {
+    for seed in 1..=3 {
+        let mut s = scenario(INCIDENT_000, "safe");
+        s.seed = seed;
+        let (r, log) = run(s);
+        assert_clean(&r);
+        assert!(r.completed, "the pool reclaim finished");
+        let handed_over = log
+            .iter()
+            .position(|l| l.contains("cn-gvhx9: unlock success"))
+            .unwrap();
+        let sigterm = log
+            .iter()
+            .position(|l| l.contains("cn-gvhx9: SIGTERM"))
+            .unwrap();
+        assert!(
+            handed_over < sigterm,
+            "lock tables moved before the process was told to exit"
+        );
+    }
+}
+
+#[test]
+fn safe_incident_000_uses_the_instance_bound_protocol_when_the_kernel_has_it() {
+    let mut s = scenario(INCIDENT_000, "safe");
+    s.kernel.drain_protocol = true;
+    let (r, log) = run(s);
+    assert_clean(&r);
+    assert!(log.iter().any(|l| l.contains("BeginDrain(cn-gvhx9")));
+    assert!(!log.iter().any(|l| l.contains("SetRestartService")));
+}
+
+#[test]
+fn safe_incident_002_halts_in_the_cn_phase_and_keeps_serving() {
+    let (r, log) = run(scenario(INCIDENT_002, "safe"));
+    assert_clean(&r);
+    assert_eq!(r.proxy_no_route_seconds, 0.0);
+    let upgrade = r.upgrade.as_ref().unwrap();
+    assert!(upgrade.finished_at.is_none());
+    let phases: Vec<Component> = upgrade.phases.iter().map(|p| p.component).collect();
+    assert_eq!(
+        phases,
+        [Component::Log, Component::Cn],
+        "stopped in the CN phase"
+    );
+    let reason = &r.waiting_on["rollout"];
+    assert!(
+        reason.contains("cn phase") && reason.contains("cn-0"),
+        "{reason}"
+    );
+    assert!(
+        !log.iter()
+            .any(|l| l.contains("proxy-0 deleted") || l.contains("proxy-1 deleted"))
+    );
+    assert!(
+        !log.iter().any(|l| l.contains("cn-1 deleted")),
+        "the second CN keeps serving"
+    );
+}
+
+#[test]
+fn safe_incident_002_without_the_fault_completes_near_the_lower_bound() {
+    let (r, _) = run(without_fault(scenario(INCIDENT_002, "safe")));
+    assert_clean(&r);
+    let u = r.upgrade.as_ref().unwrap();
+    let makespan = u.finished_at.expect("finished") - u.started_at.unwrap();
+    let s = without_fault(scenario(INCIDENT_002, "safe"));
+    let strategy = s
+        .events
+        .iter()
+        .find_map(|e| e.upgrade.as_ref()?.strategy.clone())
+        .unwrap();
+    let bound = mo_sim::plan::plan(&s, &strategy).lower_bound_seconds;
+    assert!(
+        makespan >= bound,
+        "a lower bound is never beaten: {makespan} < {bound}"
+    );
+    assert!(
+        makespan / bound <= 1.15,
+        "makespan {makespan} vs bound {bound}"
+    );
+    let (fixed, _) = run(without_fault(scenario(INCIDENT_002, "fixed-window")));
+    let fu = fixed.upgrade.as_ref().unwrap();
+    assert!(fu.finished_at.unwrap() - fu.started_at.unwrap() > makespan);
+}
+
+const SMALL: &str = "
+name: small
+duration: 10m
+topology:
+  version: v1
+  cn_groups:
+    - {name: tenant, replicas: 2}
+    - {name: pool, pool: true, replicas: 1}
+lock_tables: [{table: documents, owner: pool-0}]
+workload: {clients: 6, txn_rate: 8, tables: [documents, orders]}
+";
+
+#[test]
+fn eviction_of_a_lock_owner_is_refused_until_its_instance_confirms() {
+    let text = format!("{SMALL}events:\n  - at: 30s\n    drain_node: {{node: node-7}}\n");
+    let (r, log) = run(scenario(&text, "safe"));
+    assert_clean(&r);
+    let refused = log
+        .iter()
+        .position(|l| l.contains("eviction of pool-0 by kubectl-drain: 429"))
+        .unwrap();
+    let confirmed = log
+        .iter()
+        .position(|l| l.contains("pool-0: unlock success"))
+        .unwrap();
+    let allowed = log
+        .iter()
+        .position(|l| l.contains("eviction of pool-0 by kubectl-drain: allowed"))
+        .unwrap();
+    assert!(refused < confirmed && confirmed < allowed);
+    assert!(
+        log[refused].contains("draining it first"),
+        "{}",
+        log[refused]
+    );
+    // Legacy lets the same eviction through at once.
+    let (legacy, _) = run(scenario(&text, "legacy"));
+    assert_eq!(
+        legacy.unsafe_actions.pod_deleted_without_drain_confirmation,
+        1
+    );
+}
+
+#[test]
+fn a_withdrawn_pool_reclaim_returns_the_cn_to_working() {
+    let text = format!(
+        "{SMALL}consolidation: {{start: 30s, method: pool-reclaim}}\nevents:\n  - at: 30500ms\n    hakeeper_outage: {{duration: 20s}}\n  - at: 35s\n    claim_bind: {{pod: pool-0}}\n"
+    );
+    let (r, log) = run(scenario(&text, "safe"));
+    assert_clean(&r);
+    assert!(r.completed);
+    assert!(!log.iter().any(|l| l.contains("pool-0 deleted")));
+    let last = log
+        .iter()
+        .rev()
+        .find(|l| l.contains("SetCnWorkState") && l.contains("operator"))
+        .unwrap();
+    assert!(last.contains("Working"), "{last}");
+}
+
+#[test]
+fn operator_restarts_mid_drain_and_mid_upgrade_resume_without_skipping_a_step() {
+    let mut s = without_fault(scenario(INCIDENT_002, "safe"));
+    let base = s.events.clone();
+    let mut events = String::from("events:\n");
+    for i in 0..40u32 {
+        events.push_str(&format!(
+            "  - at: {}s\n    operator_restart: {{drop_pending_actions: {}}}\n",
+            61 + i * 47,
+            i % 2 == 0
+        ));
+    }
+    let extra = Scenario::from_yaml(&format!("name: x\nduration: 3h\ntopology: {{version: v1, cn_groups: [{{name: cn, replicas: 2}}]}}\n{events}")).unwrap();
+    s.events = base.into_iter().chain(extra.events).collect();
+    let (r, _) = run(s);
+    assert_clean(&r);
+    assert_eq!(r.operator_restarts, 40);
+    assert!(r.upgrade.unwrap().finished_at.is_some());
+}
+
+/// Wraps the safe policy: every tick, a policy resumed from the record persisted before the
+/// tick must decide exactly what the running one decides.
+struct Shadowed {
+    live: SafePolicy,
+    config: SafeConfig,
+    checked: usize,
+}
+
+impl Policy for Shadowed {
+    fn name(&self) -> &str {
+        "safe"
+    }
+    fn decide(&mut self, input: PolicyInput<'_>) -> Decision {
+        let record = self.live.progress_record().unwrap();
+        let mut resumed = SafePolicy::resume(self.config.clone(), &record);
+        let shadow = resumed.decide(PolicyInput {
+            observation: input.observation,
+            results: input.results,
+        });
+        let live = self.live.decide(input);
+        assert_eq!(
+            live.actions, shadow.actions,
+            "a resumed operator decides differently"
+        );
+        assert_eq!(self.live.progress_record(), resumed.progress_record());
+        self.checked += 1;
+        live
+    }
+    fn review_eviction(&mut self, o: &Observation, r: &EvictionRequest) -> EvictionVerdict {
+        self.live.review_eviction(o, r)
+    }
+    fn progress_record(&self) -> Option<String> {
+        self.live.progress_record()
+    }
+}
+
+#[test]
+fn resuming_from_every_progress_record_decides_the_same() {
+    for text in [
+        INCIDENT_000.to_string(),
+        format!(
+            "{SMALL}events:\n  - at: 30s\n    drain_node: {{node: node-7}}\n  - at: 60s\n    upgrade: {{version: v2}}\n"
+        ),
+    ] {
+        let s = scenario(&text, "safe");
+        let config = s.safe.clone();
+        let policy = Shadowed {
+            live: SafePolicy::new(config.clone()),
+            config,
+            checked: 0,
+        };
+        let mut sim = Simulation::with_policy(s, Box::new(policy), RunOptions::default());
+        let r = sim.run(&mut |_| {});
+        assert_clean(&r);
+    }
+}
+
+#[test]
+fn small_campaign_safe_holds_and_legacy_breaks() {
+    let safe = mo_sim::campaign::run_campaign(1, 6, "safe", 2, &|_| {});
+    assert_eq!(safe.violations, 0, "{:?}", safe.failures);
+    let legacy = mo_sim::campaign::run_campaign(1, 6, "legacy", 2, &|_| {});
+    assert!(legacy.violations > 0, "the campaign must be able to fail");
+    for f in &legacy.failures {
+        assert!(f.replay.contains(&format!("--replay {}", f.seed)));
+    }
+}
+
+#[test]
+fn campaign_scenarios_are_reproducible() {
+    for seed in [1, 2, 99] {
+        assert_eq!(
+            mo_sim::campaign::generate(seed).to_yaml(),
+            mo_sim::campaign::generate(seed).to_yaml()
+        );
+        let a = mo_sim::campaign::run_seed(seed, "legacy");
+        let b = mo_sim::campaign::run_seed(seed, "legacy");
+        assert_eq!(a.events, b.events);
+        assert_eq!(a.violations, b.violations);
+    }
+}
+
+#[test]
+fn shrinking_keeps_the_violation_and_drops_what_it_does_not_need() {
+    let legacy = mo_sim::campaign::run_campaign(1, 6, "legacy", 2, &|_| {});
+    let failure = &legacy.failures[0];
+    let mut s = mo_sim::campaign::generate(failure.seed);
+    s.policy = "legacy".into();
+    let minimal = mo_sim::campaign::shrink(&s, &failure.invariant, 30);
+    assert!(minimal.events.len() <= s.events.len());
+    let again = mo_sim::campaign::check(minimal);
+    assert!(
+        again
+            .violations
+            .iter()
+            .any(|v| v.invariant == failure.invariant)
+    );
+}
