@@ -62,6 +62,10 @@ pub struct Drain {
     pub kernel_drain_id: Option<u64>,
     pub begin_drain_sent_at: Option<Millis>,
     pub handshake_sent_at: Option<Millis>,
+    /// When the allocator was seen to accept our `SetRestartService`: answers count only
+    /// after it (a lost call must not let an older instance's answer through).
+    #[serde(default)]
+    pub handshake_acked_at: Option<Millis>,
     pub release_sent_at: Option<Millis>,
     pub last_eviction_at: Option<Millis>,
     pub cancel_requested: bool,
@@ -98,6 +102,7 @@ impl Drain {
             kernel_drain_id: None,
             begin_drain_sent_at: None,
             handshake_sent_at: None,
+            handshake_acked_at: None,
             release_sent_at: None,
             last_eviction_at: Some(now),
             cancel_requested: false,
@@ -133,10 +138,15 @@ impl Drain {
         self.hold = Some(reason.into());
     }
 
-    /// Takes the answers to actions this drain sent on the previous tick.
-    pub fn absorb(&mut self, results: &[ActionResult]) {
+    /// Takes the answers to actions this drain sent on the previous tick, seen at `now`.
+    pub fn absorb(&mut self, results: &[ActionResult], now: Millis) {
         for r in results {
             match (&r.action, &r.result) {
+                (Action::SetRestartService { uuid }, Ok(_))
+                    if *uuid == self.cn_uuid && self.handshake_sent_at.is_some() =>
+                {
+                    self.handshake_acked_at = Some(now);
+                }
                 (Action::BeginDrain { uuid, start_epoch }, result)
                     if *uuid == self.cn_uuid && Some(*start_epoch) == self.start_epoch =>
                 {
@@ -151,6 +161,7 @@ impl Drain {
                 (Action::SetRestartService { uuid }, Err(e)) if *uuid == self.cn_uuid => {
                     // Not applied: ask again on the next step.
                     self.handshake_sent_at = None;
+                    self.handshake_acked_at = None;
                     self.hold(format!("SetRestartService failed: {e}"));
                 }
                 (Action::SetCnWorkState { uuid, .. }, Err(e)) if *uuid == self.cn_uuid => {
@@ -240,6 +251,7 @@ impl Drain {
                 self.kernel_drain_id = None;
                 self.begin_drain_sent_at = None;
                 self.handshake_sent_at = None;
+                self.handshake_acked_at = None;
                 self.set_stage(DrainStage::MarkDraining, now);
                 self.hold(format!(
                     "instance mismatch: {} restarted (epoch {epoch} -> {}); draining the new instance",
@@ -401,18 +413,29 @@ impl Drain {
                 }
             };
         }
-        // Today's handshake, plus operator-side instance checks.
+        // Today's handshake, plus operator-side instance checks. The allocator's answer names
+        // no instance: only an answer given after our own, acknowledged request counts.
         let answer = allocator.restarting.get(&self.cn_uuid);
-        let Some(sent) = self.handshake_sent_at.filter(|_| answer.is_some()) else {
+        let lost = self.handshake_acked_at.is_none()
+            && self.resend_due(self.handshake_sent_at, now, timing);
+        if answer.is_none() || self.handshake_sent_at.is_none() || lost {
             actions.push(Action::SetRestartService {
                 uuid: self.cn_uuid.clone(),
             });
             self.handshake_sent_at = Some(now);
+            self.handshake_acked_at = None;
             self.hold(format!("restart handshake requested for {}", self.pod));
+            return false;
+        }
+        let Some(acked) = self.handshake_acked_at else {
+            self.hold(format!(
+                "waiting for the allocator to accept the handshake for {}",
+                self.pod
+            ));
             return false;
         };
         let answer = answer.expect("checked");
-        if now - sent < timing.keepalive + timing.keepalive {
+        if now - acked < timing.keepalive + timing.keepalive {
             self.hold(format!(
                 "waiting for {}'s keepalive to see the handshake",
                 self.pod
@@ -584,6 +607,13 @@ mod tests {
         a.clear();
         d.step(&o, &TIMING, Ok(()), &mut a);
         assert_eq!(a, vec![Action::SetRestartService { uuid: "u1".into() }]);
+        d.absorb(
+            &[ActionResult {
+                action: a[0].clone(),
+                result: Ok(ActionOutput::Done),
+            }],
+            Millis(3_000),
+        );
         a
     }
 
@@ -750,6 +780,11 @@ mod tests {
             a.contains(&Action::SetRestartService { uuid: "u1".into() }),
             "{a:?}"
         );
+        let ack = ActionResult {
+            action: Action::SetRestartService { uuid: "u1".into() },
+            result: Ok(ActionOutput::Done),
+        };
+        d.absorb(std::slice::from_ref(&ack), Millis(6_000));
         o.lock_allocator
             .as_mut()
             .unwrap()
@@ -785,10 +820,13 @@ mod tests {
                 start_epoch: 7
             }]
         );
-        d.absorb(&[ActionResult {
-            action: a[0].clone(),
-            result: Ok(ActionOutput::DrainId { drain_id: 42 }),
-        }]);
+        d.absorb(
+            &[ActionResult {
+                action: a[0].clone(),
+                result: Ok(ActionOutput::DrainId { drain_id: 42 }),
+            }],
+            Millis(1_000),
+        );
         // The allocator forgot the id (TN restart): not done, begin again.
         o.now = Millis(2_000);
         a.clear();
@@ -797,10 +835,13 @@ mod tests {
         o.now = Millis(3_000);
         d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(matches!(a[0], Action::BeginDrain { .. }));
-        d.absorb(&[ActionResult {
-            action: a[0].clone(),
-            result: Ok(ActionOutput::DrainId { drain_id: 43 }),
-        }]);
+        d.absorb(
+            &[ActionResult {
+                action: a[0].clone(),
+                result: Ok(ActionOutput::DrainId { drain_id: 43 }),
+            }],
+            Millis(3_000),
+        );
         o.lock_allocator
             .as_mut()
             .unwrap()
@@ -850,6 +891,38 @@ mod tests {
         o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Working;
         d.step(&o, &TIMING, Ok(()), &mut vec![]);
         assert_eq!(d.end, Some(DrainEnd::Cancelled));
+    }
+
+    /// Found by a campaign: the operator died after recording its handshake request but
+    /// before sending it, while the allocator still answered "can restart" for an earlier
+    /// instance of the same UUID. That answer must not release the new instance.
+    #[test]
+    fn a_lost_handshake_request_never_borrows_an_older_answer() {
+        let mut d = remove();
+        let mut a = vec![];
+        let mut o = obs(1_000);
+        draining(&mut o);
+        confirm(&mut o); // stale: left over from a drain of a previous instance
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(a.contains(&Action::SetRestartService { uuid: "u1".into() }));
+        // The request is lost (no result ever arrives); time passes.
+        for t in 2..5 {
+            o.now = Millis(t * 1_000);
+            a.clear();
+            d.step(&o, &TIMING, Ok(()), &mut a);
+            assert!(
+                !a.iter().any(|x| matches!(x, Action::DeletePod { .. })),
+                "{a:?}"
+            );
+        }
+        // It is sent again once the resend interval passes.
+        o.now = Millis(7_000);
+        a.clear();
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(
+            a.contains(&Action::SetRestartService { uuid: "u1".into() }),
+            "{a:?}"
+        );
     }
 
     #[test]

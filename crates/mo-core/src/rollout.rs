@@ -497,14 +497,23 @@ impl Rollout {
         }
         match component {
             Component::Log => {
-                self.progress(
-                    now,
-                    Step::MoveLeadership {
-                        pod: pod.name.clone(),
-                        uid: pod.uid.clone(),
-                        sent_at: None,
-                    },
-                );
+                let moves = gates::leadership_to_move(obs, &pod.name);
+                if moves.is_empty() {
+                    self.restart(obs, &pod.name, &pod.uid, None, version, actions);
+                } else {
+                    for (shard_id, to_store) in moves {
+                        actions.push(Action::TransferLogLeader { shard_id, to_store });
+                    }
+                    self.progress(
+                        now,
+                        Step::MoveLeadership {
+                            pod: pod.name.clone(),
+                            uid: pod.uid.clone(),
+                            sent_at: Some(now),
+                        },
+                    );
+                    self.wait(format!("moving shard leadership away from {}", pod.name));
+                }
             }
             Component::Cn => {
                 let uuid = pod.cn_uuid.clone().unwrap_or_default();

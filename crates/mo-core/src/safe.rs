@@ -305,7 +305,7 @@ impl Policy for SafePolicy {
         let mut actions = Vec::new();
         let mut notes = Vec::new();
         for d in self.record.drains.iter_mut().filter(|d| d.is_active()) {
-            d.absorb(input.results);
+            d.absorb(input.results, obs.now);
         }
         self.sync_removals(obs);
         let timing = self.config.drain_timing();
@@ -452,12 +452,21 @@ impl Policy for SafePolicy {
                     pod.name
                 ),
             },
-            Component::Proxy => match gates::other_proxy_routes(obs, Some(&pod.name)) {
-                Ok(()) => EvictionVerdict::Allow,
-                Err(e) => EvictionVerdict::Deny {
-                    reason: format!("evicting {} leaves clients without a route: {e}", pod.name),
-                },
-            },
+            Component::Proxy => {
+                // Its connections close after their transaction: only while commits flow, or
+                // a COMMIT stuck behind a LOG outage would be cut.
+                let commits_flow = obs
+                    .hakeeper
+                    .as_ref()
+                    .map_err(|e| format!("cannot read HAKeeper: {e}"))
+                    .and_then(gates::wal_writable);
+                match commits_flow.and_then(|()| gates::other_proxy_routes(obs, Some(&pod.name))) {
+                    Ok(()) => EvictionVerdict::Allow,
+                    Err(e) => EvictionVerdict::Deny {
+                        reason: format!("evicting {} now could cut connections: {e}", pod.name),
+                    },
+                }
+            }
         }
     }
 

@@ -1,0 +1,401 @@
+//! The decision core on its own: gates from observations, the rollout state machine, stalls,
+//! rollback, TN tolerance, evictions, and resuming from every progress record.
+
+use mo_core::gates;
+use mo_core::*;
+use std::collections::BTreeMap;
+
+fn pod(name: &str, component: Component, version: &str, uid: &str) -> PodObservation {
+    PodObservation {
+        name: name.into(),
+        uid: uid.into(),
+        component,
+        node: format!("node-{name}"),
+        phase: PodPhase::Running,
+        ready: true,
+        version: version.into(),
+        terminating: false,
+        restarts: 0,
+        cn_uuid: (component == Component::Cn).then(|| format!("uuid-{name}")),
+        pool_phase: None,
+    }
+}
+
+fn shard(id: u64, leader: &str, caught_up: &[bool]) -> LogShardView {
+    LogShardView {
+        shard_id: id,
+        leader: Some(leader.into()),
+        term: 1,
+        replicas: caught_up
+            .iter()
+            .enumerate()
+            .map(|(i, c)| LogReplicaView {
+                store: format!("log-{i}"),
+                up: true,
+                caught_up: *c,
+            })
+            .collect(),
+    }
+}
+
+/// A healthy cluster on `version`: 3 LOG, 1 TN, 2 CN, 2 proxies.
+fn cluster(version: &str) -> Observation {
+    let mut pods = vec![];
+    for i in 0..3 {
+        pods.push(pod(
+            &format!("log-{i}"),
+            Component::Log,
+            version,
+            &format!("u-log-{i}"),
+        ));
+    }
+    pods.push(pod("tn-0", Component::Tn, version, "u-tn"));
+    for i in 0..2 {
+        pods.push(pod(
+            &format!("cn-{i}"),
+            Component::Cn,
+            version,
+            &format!("u-cn-{i}"),
+        ));
+    }
+    for i in 0..2 {
+        pods.push(pod(
+            &format!("proxy-{i}"),
+            Component::Proxy,
+            version,
+            &format!("u-px-{i}"),
+        ));
+    }
+    let cns = (0..2)
+        .map(|i| CnStoreView {
+            uuid: format!("uuid-cn-{i}"),
+            start_epoch: 10 + i,
+            work_state: WorkState::Working,
+            heartbeat_age: Millis(500),
+            version: version.into(),
+        })
+        .collect();
+    let nodes: BTreeMap<String, Vec<String>> = pods
+        .iter()
+        .map(|p| (p.node.clone(), vec![version.to_string(), "v2".to_string()]))
+        .collect();
+    Observation {
+        now: Millis::from_secs(100),
+        pods,
+        hakeeper: Ok(ClusterDetails {
+            cns,
+            tns: vec![TnStoreView {
+                uuid: "tn".into(),
+                start_epoch: 5,
+                heartbeat_age: Millis(300),
+            }],
+            log_shards: vec![
+                shard(0, "log-0", &[true, true, true]),
+                shard(1, "log-0", &[true, true, true]),
+            ],
+        }),
+        lock_allocator: Ok(AllocatorView::default()),
+        cn_activity: BTreeMap::from([
+            ("cn-0".to_string(), Ok(CnActivity::default())),
+            ("cn-1".to_string(), Ok(CnActivity::default())),
+        ]),
+        proxy_routes: BTreeMap::from([
+            ("proxy-0".to_string(), Ok(2)),
+            ("proxy-1".to_string(), Ok(2)),
+        ]),
+        node_images: nodes,
+        unschedulable_nodes: vec![],
+        tn_wal_tolerance: None,
+        desired: DesiredState::default(),
+    }
+}
+
+#[test]
+fn log_margin_needs_a_leader_and_a_majority_of_others() {
+    let mut o = cluster("v1");
+    assert!(gates::log_restart_margin(&o, "log-0").is_ok());
+    // One other replica lagging: restarting log-0 would leave one caught-up replica of three.
+    o.hakeeper.as_mut().unwrap().log_shards[1] = shard(1, "log-0", &[true, false, true]);
+    let e = gates::log_restart_margin(&o, "log-0").unwrap_err();
+    assert!(e.contains("shard 1") && e.contains("2 needed"), "{e}");
+    // The lagging replica itself may restart: the other two keep the majority.
+    assert!(gates::log_restart_margin(&o, "log-1").is_ok());
+    o.hakeeper.as_mut().unwrap().log_shards[0].leader = None;
+    assert!(
+        gates::log_restart_margin(&o, "log-1")
+            .unwrap_err()
+            .contains("no leader")
+    );
+    o.hakeeper = Err(ObservationError::Timeout("x".into()));
+    assert!(
+        gates::log_restart_margin(&o, "log-1").is_err(),
+        "unreadable means no"
+    );
+}
+
+#[test]
+fn leadership_moves_to_a_caught_up_peer() {
+    let o = cluster("v1");
+    assert_eq!(
+        gates::leadership_to_move(&o, "log-0"),
+        vec![(0, "log-1".to_string()), (1, "log-1".to_string())]
+    );
+    assert!(gates::leadership_to_move(&o, "log-2").is_empty());
+}
+
+#[test]
+fn cn_gate_wants_the_new_instance_working_and_fresh() {
+    let mut o = cluster("v2");
+    assert!(gates::cn_healthy(&o, "cn-0", "v2", Some(9)).is_ok());
+    assert!(
+        gates::cn_healthy(&o, "cn-0", "v2", Some(10))
+            .unwrap_err()
+            .contains("before the restart")
+    );
+    o.hakeeper.as_mut().unwrap().cns[0].heartbeat_age = Millis(10_000);
+    assert!(
+        gates::cn_healthy(&o, "cn-0", "v2", None)
+            .unwrap_err()
+            .contains("heartbeat")
+    );
+    o.hakeeper.as_mut().unwrap().cns.remove(0);
+    assert!(
+        gates::cn_healthy(&o, "cn-0", "v2", None)
+            .unwrap_err()
+            .contains("not registered")
+    );
+}
+
+#[test]
+fn tn_gate_wants_heartbeats_and_a_writable_wal() {
+    let mut o = cluster("v2");
+    assert!(gates::tn_healthy(&o, "v2", Some(4)).is_ok());
+    o.hakeeper.as_mut().unwrap().log_shards[1] = shard(1, "log-0", &[true, false, false]);
+    assert!(
+        gates::tn_healthy(&o, "v2", None)
+            .unwrap_err()
+            .contains("WAL")
+    );
+}
+
+#[test]
+fn proxy_gate_needs_a_route() {
+    let mut o = cluster("v1");
+    assert!(gates::other_proxy_routes(&o, Some("proxy-0")).is_ok());
+    o.proxy_routes.insert("proxy-1".into(), Ok(0));
+    assert!(gates::other_proxy_routes(&o, Some("proxy-0")).is_err());
+    assert!(gates::component_gate(&o, Component::Proxy, "v1").is_ok());
+}
+
+fn upgrade(o: &mut Observation, strategy: &str) {
+    o.desired.upgrade = Some(UpgradeSpec {
+        target_version: "v2".into(),
+        strategy: Strategy::parse(strategy).unwrap(),
+    });
+}
+
+fn decide(p: &mut SafePolicy, o: &Observation) -> Decision {
+    p.decide(PolicyInput {
+        observation: o,
+        results: &[],
+    })
+}
+
+const LOG_FIRST: &str = r#"{"log":[],"tn":["log"],"cn":["tn"],"proxy":["cn"]}"#;
+
+#[test]
+fn the_first_log_restart_waits_for_the_margin_and_widens_tn_tolerance() {
+    let mut p = SafePolicy::new(SafeConfig::default());
+    let mut o = cluster("v1");
+    upgrade(&mut o, LOG_FIRST);
+    o.hakeeper.as_mut().unwrap().log_shards[1] = shard(1, "log-0", &[true, false, true]);
+    let d = decide(&mut p, &o);
+    assert!(
+        d.actions
+            .iter()
+            .any(|a| matches!(a, Action::SetTnWalTolerance { total: Some(_) }))
+    );
+    assert!(
+        !d.actions.iter().any(|a| matches!(
+            a,
+            Action::RestartPod { .. } | Action::TransferLogLeader { .. }
+        )),
+        "{:?}",
+        d.actions
+    );
+    // Margin back: leadership moves off log-0 first, then log-0 restarts.
+    o.hakeeper.as_mut().unwrap().log_shards[1] = shard(1, "log-0", &[true, true, true]);
+    o.tn_wal_tolerance = Some(SafeConfig::default().tn_wal_tolerance);
+    o.now = Millis::from_secs(101);
+    let d = decide(&mut p, &o);
+    assert!(
+        d.actions.iter().any(
+            |a| matches!(a, Action::TransferLogLeader { to_store, .. } if to_store == "log-1")
+        ),
+        "{:?}",
+        d.actions
+    );
+    for s in &mut o.hakeeper.as_mut().unwrap().log_shards {
+        s.leader = Some("log-1".into());
+    }
+    o.now = Millis::from_secs(102);
+    let d = decide(&mut p, &o);
+    assert_eq!(
+        d.actions,
+        vec![Action::RestartPod {
+            pod: "log-0".into(),
+            uid: "u-log-0".into(),
+            version: "v2".into()
+        }]
+    );
+}
+
+#[test]
+fn a_stall_halts_with_the_failing_gate_and_then_does_nothing() {
+    let config = SafeConfig::default();
+    let mut p = SafePolicy::new(config.clone());
+    let mut o = cluster("v1");
+    upgrade(&mut o, LOG_FIRST);
+    // A LOG peer never catches up: the rollout cannot start a restart, ever.
+    o.hakeeper.as_mut().unwrap().log_shards[1] = shard(1, "log-0", &[true, false, true]);
+    o.tn_wal_tolerance = Some(config.tn_wal_tolerance);
+    let mut notes = vec![];
+    for t in 0..(config.stall_timeout.0 / 1000 + 120) {
+        o.now = Millis::from_secs(100 + t);
+        let d = decide(&mut p, &o);
+        assert!(
+            !d.actions
+                .iter()
+                .any(|a| matches!(a, Action::RestartPod { .. } | Action::DeletePod { .. })),
+            "a stall never restarts or deletes"
+        );
+        notes.extend(d.notes);
+    }
+    let halted = notes.iter().find_map(|n| match n {
+        PolicyNote::Holding { subject, reason }
+            if subject == "rollout" && reason.starts_with("halted") =>
+        {
+            Some(reason.clone())
+        }
+        _ => None,
+    });
+    let reason = halted.expect("halted with a reason");
+    assert!(
+        reason.contains("log phase") && reason.contains("shard 1"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn rollback_restores_the_phase_through_the_same_gates() {
+    let config = SafeConfig {
+        on_stall: OnStall::Rollback,
+        ..SafeConfig::default()
+    };
+    let mut p = SafePolicy::new(config.clone());
+    let mut o = cluster("v1");
+    upgrade(
+        &mut o,
+        r#"{"proxy":[],"log":["proxy"],"tn":["log"],"cn":["tn"]}"#,
+    );
+    // proxy-0 restarts onto v2 and never routes again.
+    let d = decide(&mut p, &o);
+    assert!(d.actions.contains(&Action::RestartPod {
+        pod: "proxy-0".into(),
+        uid: "u-px-0".into(),
+        version: "v2".into()
+    }));
+    o.pods.retain(|x| x.name != "proxy-0");
+    o.pods
+        .push(pod("proxy-0", Component::Proxy, "v2", "u-px-0b"));
+    o.proxy_routes.insert("proxy-0".into(), Ok(0));
+    let mut rolled_back = None;
+    for t in 1..(config.stall_timeout.0 / 1000 + 30) {
+        o.now = Millis::from_secs(100 + t);
+        let d = decide(&mut p, &o);
+        if let Some(a) = d
+            .actions
+            .iter()
+            .find(|a| matches!(a, Action::RestartPod { .. }))
+        {
+            rolled_back = Some(a.clone());
+            break;
+        }
+    }
+    assert_eq!(
+        rolled_back,
+        Some(Action::RestartPod {
+            pod: "proxy-0".into(),
+            uid: "u-px-0b".into(),
+            version: "v1".into()
+        }),
+        "the stalled phase goes back to its previous version"
+    );
+}
+
+#[test]
+fn cn_evictions_start_a_drain_and_log_tn_evictions_follow_the_gates() {
+    let mut p = SafePolicy::new(SafeConfig::default());
+    let o = cluster("v1");
+    let req = |pod: &str, uid: &str| EvictionRequest {
+        pod: pod.into(),
+        uid: uid.into(),
+        source: "kubectl-drain".into(),
+    };
+    assert!(matches!(
+        p.review_eviction(&o, &req("cn-0", "u-cn-0")),
+        EvictionVerdict::Deny { .. }
+    ));
+    assert_eq!(p.record().drains.len(), 1);
+    assert!(matches!(
+        p.review_eviction(&o, &req("cn-0", "stale-uid")),
+        EvictionVerdict::Deny { .. }
+    ));
+    assert_eq!(
+        p.review_eviction(&o, &req("log-2", "u-log-2")),
+        EvictionVerdict::Allow
+    );
+    assert!(matches!(
+        p.review_eviction(&o, &req("tn-0", "u-tn")),
+        EvictionVerdict::Deny { .. }
+    ));
+    assert_eq!(
+        p.review_eviction(&o, &req("proxy-1", "u-px-1")),
+        EvictionVerdict::Allow
+    );
+    let mut lagging = o.clone();
+    lagging.hakeeper.as_mut().unwrap().log_shards[0] = shard(0, "log-0", &[true, false, true]);
+    assert!(matches!(
+        p.review_eviction(&lagging, &req("log-2", "u-log-2")),
+        EvictionVerdict::Deny { .. }
+    ));
+}
+
+#[test]
+fn an_unreadable_record_halts_the_rollout_instead_of_starting_over() {
+    let mut p = SafePolicy::resume(SafeConfig::default(), "{not json");
+    let mut o = cluster("v1");
+    upgrade(&mut o, LOG_FIRST);
+    let d = decide(&mut p, &o);
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert!(
+        d.notes.iter().any(
+            |n| matches!(n, PolicyNote::Holding { reason, .. } if reason.contains("unreadable"))
+        )
+    );
+}
+
+#[test]
+fn every_progress_record_round_trips() {
+    let mut p = SafePolicy::new(SafeConfig::default());
+    let mut o = cluster("v1");
+    upgrade(&mut o, LOG_FIRST);
+    o.tn_wal_tolerance = Some(SafeConfig::default().tn_wal_tolerance);
+    for t in 0..30 {
+        o.now = Millis::from_secs(100 + t);
+        decide(&mut p, &o);
+        let record = p.progress_record().unwrap();
+        let resumed = SafePolicy::resume(SafeConfig::default(), &record);
+        assert_eq!(resumed.record(), p.record());
+    }
+}
