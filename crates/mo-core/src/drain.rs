@@ -221,13 +221,15 @@ impl Drain {
         if !self.alarmed && now - self.started_at >= timing.alarm_after {
             self.alarmed = true;
         }
-        let Ok(details) = obs.hakeeper.as_ref() else {
-            let e = obs.hakeeper.as_ref().err().expect("is err");
-            self.hold(format!(
-                "cannot read HAKeeper ({e}): {} stays protected",
-                self.pod
-            ));
-            return;
+        let details = match obs.hakeeper.as_ref() {
+            Ok(d) => d,
+            Err(e) => {
+                self.hold(format!(
+                    "cannot read HAKeeper ({e}): {} stays protected",
+                    self.pod
+                ));
+                return;
+            }
         };
         let Some(record) = cn_record(details, &self.cn_uuid) else {
             self.hold(format!(

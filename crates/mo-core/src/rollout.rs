@@ -661,7 +661,7 @@ impl Rollout {
             let present = obs
                 .node_images
                 .get(node)
-                .is_some_and(|i| i.iter().any(|v| *v == self.target));
+                .is_some_and(|i| i.contains(&self.target));
             let due = self
                 .pre_pull_sent
                 .get(node)

@@ -99,6 +99,8 @@ const FINISHED_DRAINS_KEPT: usize = 32;
 pub struct SafePolicy {
     config: SafeConfig,
     record: ProgressRecord,
+    /// The last serialized record: serialized again only when the record changed.
+    persisted: std::cell::RefCell<Option<(ProgressRecord, String)>>,
     /// Last hold reported per subject, to report changes only (not persisted).
     reported: BTreeMap<String, String>,
 }
@@ -112,6 +114,7 @@ impl SafePolicy {
                 ..ProgressRecord::default()
             },
             reported: BTreeMap::new(),
+            persisted: std::cell::RefCell::new(None),
         }
     }
 
@@ -471,7 +474,15 @@ impl Policy for SafePolicy {
     }
 
     fn progress_record(&self) -> Option<String> {
-        Some(serde_json::to_string(&self.record).expect("the record serializes"))
+        let mut cache = self.persisted.borrow_mut();
+        match cache.as_ref() {
+            Some((record, text)) if *record == self.record => Some(text.clone()),
+            _ => {
+                let text = serde_json::to_string(&self.record).expect("the record serializes");
+                *cache = Some((self.record.clone(), text.clone()));
+                Some(text)
+            }
+        }
     }
 
     fn waiting_on(&self) -> Vec<(String, String)> {

@@ -18,6 +18,7 @@ fn run(text: &str, policy: &str, seed: Option<u64>) -> (Report, Vec<String>) {
         RunOptions {
             record_events: true,
             audit: false,
+            ..RunOptions::default()
         },
     );
     let report = sim.run(&mut |_| {});

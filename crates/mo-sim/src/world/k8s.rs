@@ -31,6 +31,7 @@ impl Simulation {
             last_start: self.now,
             cn_group: None,
             pool_phase: None,
+            cn_uuid: (component == Component::Cn).then(|| cn_uuid(name)),
         });
         self.pod_by_name.insert(name.to_string(), id);
         id

@@ -961,13 +961,14 @@ impl Simulation {
             && cn.kernel_drain == Some(id)
         {
             cn.kernel_drain = None;
-            if !self
+            // Today's handshake, if also asked for this instance, keeps it restarting.
+            let handshake = self
                 .tn
                 .allocator
                 .restart_marks
                 .get(&cn.uuid)
-                .is_some_and(|m| m.epoch == Some(instance.epoch))
-            {
+                .is_some_and(|m| m.epoch == Some(instance.epoch));
+            if !handshake {
                 cn.restart_mode = RestartMode::None;
             }
         }

@@ -76,6 +76,8 @@ pub(crate) struct Pod {
     pub last_start: Millis,
     pub cn_group: Option<usize>,
     pub pool_phase: Option<PoolPhase>,
+    /// For CN pods: the UUID derived from the pod's name.
+    pub cn_uuid: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -314,6 +316,9 @@ pub(crate) struct Txn {
     pub lock_wait_deadline: Option<Millis>,
     /// The CN retries an unavailable TN until then.
     pub tn_wait_deadline: Option<Millis>,
+    /// When COMMIT was sent; its client-side timeout is armed only once the commit waits.
+    pub commit_sent_at: Millis,
+    pub timeout_armed: bool,
     /// Whether the client has been told an outcome.
     pub reported: bool,
 }

@@ -30,7 +30,7 @@ impl Simulation {
                     version: pod.version.clone(),
                     terminating: pod.deletion.is_some(),
                     restarts: pod.restarts,
-                    cn_uuid: (pod.component == Component::Cn).then(|| cn_uuid(&pod.name)),
+                    cn_uuid: pod.cn_uuid.clone(),
                     pool_phase: pod.pool_phase,
                 }
             })

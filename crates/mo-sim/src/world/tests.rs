@@ -21,6 +21,7 @@ fn sim(yaml: &str) -> Simulation {
         RunOptions {
             record_events: true,
             audit: true,
+            ..RunOptions::default()
         },
     )
 }
@@ -174,6 +175,8 @@ fn handshake_refuses_new_locks_but_lets_active_transactions_finish() {
                 locks: vec![],
                 lock_wait_deadline: None,
                 tn_wait_deadline: None,
+                commit_sent_at: Millis::ZERO,
+                timeout_armed: false,
                 reported: true,
             },
         );

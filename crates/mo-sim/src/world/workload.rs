@@ -120,6 +120,8 @@ impl Simulation {
                 locks: Vec::new(),
                 lock_wait_deadline: None,
                 tn_wait_deadline: None,
+                commit_sent_at: Millis::ZERO,
+                timeout_armed: false,
                 reported: false,
             },
         );
@@ -146,9 +148,8 @@ impl Simulation {
                 let latency = self.scenario.workload.statement_latency;
                 if txn.next_stmt == txn.tables.len() {
                     txn.stage = TxnStage::Committing;
+                    txn.commit_sent_at = self.now + latency.millis();
                     self.after(latency, Ev::CommitAtTn(c, x));
-                    let timeout = self.scenario.workload.commit_timeout.millis() + latency.millis();
-                    self.schedule(self.now + timeout, Ev::CommitTimeout(c, x));
                 } else {
                     self.after(latency, Ev::StmtDone(c, x));
                 }
@@ -286,6 +287,7 @@ impl Simulation {
             return;
         }
         if self.tn.phase != TnPhase::Running {
+            self.arm_commit_timeout(c, x);
             // The CN retries the TN for a while before giving up (nothing was committed).
             let now = self.now;
             let wait = self.t.cn_tn_wait.millis();
@@ -321,7 +323,21 @@ impl Simulation {
         if self.wal_available() && self.tn.wal_blocked_since.is_none() {
             self.after(self.t.wal_append_latency, Ev::WalDone(x));
         } else {
+            self.arm_commit_timeout(c, x);
             self.on_log_change();
+        }
+    }
+
+    /// The client's COMMIT timeout matters only once a commit waits; arming it then keeps
+    /// the event queue small.
+    fn arm_commit_timeout(&mut self, c: ClientId, x: TxnId) {
+        let timeout = self.scenario.workload.commit_timeout.millis();
+        if let Some(txn) = self.txns.get_mut(&x)
+            && !txn.timeout_armed
+        {
+            txn.timeout_armed = true;
+            let at = txn.commit_sent_at + timeout;
+            self.schedule(at.max(self.now), Ev::CommitTimeout(c, x));
         }
     }
 
