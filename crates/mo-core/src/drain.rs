@@ -21,6 +21,9 @@ pub enum DrainPurpose {
     /// An eviction (node drain, consolidation, autoscaler): the evictor's retry is allowed
     /// once confirmed.
     Evict { source: String },
+    /// Its node failed: the instance cannot be reached, drained or confirmed. Recorded and
+    /// reported; the operator does nothing to it (involuntary, Kubernetes replaces it).
+    NodeFailure { node: String },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -211,6 +214,15 @@ impl Drain {
             if !pod.terminating && self.resend_due(self.release_sent_at, now, timing) {
                 self.release(now, actions);
             }
+            return;
+        }
+        if let DrainPurpose::NodeFailure { node } = &self.purpose {
+            let node = node.clone();
+            self.hold(format!(
+                "node {node} failed: {} is unreachable and cannot be drained or confirmed; \
+                 nothing is done to it until Kubernetes replaces it",
+                self.pod
+            ));
             return;
         }
         if pod.terminating {
@@ -505,7 +517,7 @@ impl Drain {
                 uid: self.pod_uid.clone(),
                 version: version.clone(),
             },
-            DrainPurpose::Evict { .. } => return,
+            DrainPurpose::Evict { .. } | DrainPurpose::NodeFailure { .. } => return,
         };
         actions.push(action);
         self.release_sent_at = Some(now);
@@ -561,6 +573,7 @@ mod tests {
             proxy_routes: BTreeMap::new(),
             node_images: BTreeMap::new(),
             unschedulable_nodes: vec![],
+            not_ready_nodes: vec![],
             tn_wal_tolerance: None,
             desired: DesiredState::default(),
         }

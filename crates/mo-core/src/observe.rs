@@ -204,6 +204,8 @@ pub struct Observation {
     pub node_images: BTreeMap<String, Vec<String>>,
     /// Nodes new pods cannot go to (cordoned or not Ready).
     pub unschedulable_nodes: Vec<String>,
+    /// Nodes that are not Ready (failed or unreachable).
+    pub not_ready_nodes: Vec<String>,
     /// The TN's WAL tolerance override as configured now (`None`: the kernel default).
     pub tn_wal_tolerance: Option<crate::time::Millis>,
     pub desired: DesiredState,

@@ -191,6 +191,30 @@ impl SafePolicy {
         }
     }
 
+    /// A CN whose node failed leaves too (involuntarily): it gets a record, like every exit.
+    fn sync_node_failures(&mut self, obs: &Observation) {
+        for pod in obs.pods_of(Component::Cn) {
+            if pod.ready || !obs.not_ready_nodes.contains(&pod.node) {
+                continue;
+            }
+            if self.active_drain(&pod.name, &pod.uid).is_some() {
+                continue;
+            }
+            let Some(uuid) = pod.cn_uuid.clone() else {
+                continue;
+            };
+            self.record.drains.push(Drain::new(
+                &pod.name,
+                &pod.uid,
+                &uuid,
+                DrainPurpose::NodeFailure {
+                    node: pod.node.clone(),
+                },
+                obs.now,
+            ));
+        }
+    }
+
     fn upgrade(
         &mut self,
         obs: &Observation,
@@ -288,6 +312,7 @@ fn purpose_name(purpose: &DrainPurpose) -> &'static str {
         DrainPurpose::Remove { .. } => "removal",
         DrainPurpose::Restart { .. } => "restart",
         DrainPurpose::Evict { .. } => "eviction",
+        DrainPurpose::NodeFailure { .. } => "node failure",
     }
 }
 
@@ -311,6 +336,7 @@ impl Policy for SafePolicy {
             d.absorb(input.results, obs.now);
         }
         self.sync_removals(obs);
+        self.sync_node_failures(obs);
         let timing = self.config.drain_timing();
         let mut released = Vec::new();
         // CNs already draining (marked, or about to be this tick) do not count as a place for

@@ -105,6 +105,7 @@ fn cluster(version: &str) -> Observation {
         ]),
         node_images: nodes,
         unschedulable_nodes: vec![],
+        not_ready_nodes: vec![],
         tn_wal_tolerance: None,
         desired: DesiredState::default(),
     }

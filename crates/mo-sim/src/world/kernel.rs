@@ -712,7 +712,10 @@ impl Simulation {
         let Some(cn) = self.cns.get_mut(&p) else {
             return;
         };
-        if cn.restart_mode != RestartMode::Waiting || !cn.holders.is_empty() {
+        // A CN that already handed everything over reports it again to a new request (for
+        // example after a TN restart lost the allocator's marks).
+        let repeat = cn.restart_mode == RestartMode::UnlockSuccess;
+        if !(repeat || cn.restart_mode == RestartMode::Waiting && cn.holders.is_empty()) {
             return;
         }
         cn.restart_mode = RestartMode::UnlockSuccess;
@@ -723,7 +726,9 @@ impl Simulation {
         };
         let uuid = cn.uuid.clone();
         self.tn.allocator.binds.retain(|_, b| b.owner != owner);
-        if let Some(mark) = self.tn.allocator.restart_marks.get_mut(&uuid) {
+        if let Some(mark) = self.tn.allocator.restart_marks.get_mut(&uuid)
+            && mark.epoch == Some(owner.epoch)
+        {
             mark.unlock_success = true;
         }
         if let Some(id) = self.cns[&p].kernel_drain
@@ -732,10 +737,12 @@ impl Simulation {
         {
             drain.state = KernelDrainState::Done;
         }
-        let name = self.pods[p].name.clone();
-        self.log("cn", || {
-            format!("{name}: unlock success, tables handed over")
-        });
+        if !repeat {
+            let name = self.pods[p].name.clone();
+            self.log("cn", || {
+                format!("{name}: unlock success, tables handed over")
+            });
+        }
     }
 
     // ------------------------------------------------------------- Proxy

@@ -137,6 +137,12 @@ impl Simulation {
                 .filter(|n| !n.alive || n.cordoned)
                 .map(|n| n.name.clone())
                 .collect(),
+            not_ready_nodes: self
+                .nodes
+                .iter()
+                .filter(|n| !n.alive)
+                .map(|n| n.name.clone())
+                .collect(),
             desired: DesiredState {
                 upgrade: self.upgrade.clone(),
                 removals: self.removals.clone(),
