@@ -6,14 +6,28 @@ use mo_sim::{RunOptions, Simulation};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
+#[derive(clap::Args)]
 pub struct Args {
+    /// Number of generated scenarios.
+    #[arg(long, default_value_t = 1000)]
     pub seeds: u64,
+    #[arg(long, default_value_t = 1)]
     pub start_seed: u64,
+    #[arg(long, default_value = "safe")]
     pub policy: String,
+    /// Worker threads (default: every core).
+    #[arg(long)]
     pub threads: Option<usize>,
+    /// Rerun one seed with its event log, print its violations.
+    #[arg(long)]
     pub replay: Option<u64>,
+    /// Shrink violating seeds (the first few) and write minimal scenarios here.
+    #[arg(long, default_value = "campaign-failures")]
     pub shrink_dir: PathBuf,
+    /// How many violating seeds to shrink.
+    #[arg(long, default_value_t = 3)]
     pub shrink: usize,
+    #[arg(long)]
     pub json: bool,
 }
 

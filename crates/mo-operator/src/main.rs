@@ -73,29 +73,7 @@ enum Command {
     /// List the embedded scenarios.
     Scenarios,
     /// Randomized fault campaign: invariants checked on every event.
-    Campaign {
-        /// Number of generated scenarios.
-        #[arg(long, default_value_t = 1000)]
-        seeds: u64,
-        #[arg(long, default_value_t = 1)]
-        start_seed: u64,
-        #[arg(long, default_value = "safe")]
-        policy: String,
-        /// Worker threads (default: every core).
-        #[arg(long)]
-        threads: Option<usize>,
-        /// Rerun one seed with its event log, print its violations.
-        #[arg(long)]
-        replay: Option<u64>,
-        /// Shrink violating seeds (the first few) and write minimal scenarios here.
-        #[arg(long, default_value = "campaign-failures")]
-        shrink_dir: PathBuf,
-        /// How many violating seeds to shrink.
-        #[arg(long, default_value_t = 3)]
-        shrink: usize,
-        #[arg(long)]
-        json: bool,
-    },
+    Campaign(campaign::Args),
 }
 
 fn main() -> Result<()> {
@@ -124,25 +102,7 @@ fn main() -> Result<()> {
             campaign_seeds,
             json,
         } => bench(campaign_seeds, json),
-        Command::Campaign {
-            seeds,
-            start_seed,
-            policy,
-            threads,
-            replay,
-            shrink_dir,
-            shrink,
-            json,
-        } => campaign::run(campaign::Args {
-            seeds,
-            start_seed,
-            policy,
-            threads,
-            replay,
-            shrink_dir,
-            shrink,
-            json,
-        }),
+        Command::Campaign(args) => campaign::run(args),
         Command::Scenarios => {
             for (name, _) in embedded::SCENARIOS {
                 println!("{name}");

@@ -199,15 +199,7 @@ impl Simulation {
             self.tn_begin_starting();
         }
         if available {
-            let starting: Vec<PodId> = self
-                .cns
-                .iter()
-                .filter(|(_, c)| c.phase == CnPhase::Starting)
-                .map(|(&p, _)| p)
-                .collect();
-            for p in starting {
-                self.try_finish_cn_start(p);
-            }
+            self.finish_cn_starts();
         }
         if self.wal_available() {
             if self.tn.wal_blocked_since.take().is_some() {
@@ -418,6 +410,11 @@ impl Simulation {
         self.pods[p].ready = true;
         self.log("tn", || "running".into());
         self.on_log_change();
+        self.finish_cn_starts();
+    }
+
+    /// CNs waiting at start for HAKeeper and a TN go on once both are there.
+    fn finish_cn_starts(&mut self) {
         let starting: Vec<PodId> = self
             .cns
             .iter()
@@ -497,19 +494,10 @@ impl Simulation {
     pub(crate) fn cn_process_started(&mut self, p: PodId, epoch: u64) {
         let heartbeats = !self.fault_cn_never_heartbeats;
         let uuid = cn_uuid(&self.pods[p].name);
-        let cn = self.cns.entry(p).or_insert_with(|| Cn {
-            uuid,
-            phase: CnPhase::Down,
-            epoch,
-            lock_open: false,
-            heartbeats,
-            restart_mode: RestartMode::None,
-            holders: BTreeSet::new(),
-            sessions: BTreeSet::new(),
-            confirmed_epoch: None,
-            kernel_drain: None,
-            stop_cause: Cause::Voluntary,
-        });
+        let cn = self
+            .cns
+            .entry(p)
+            .or_insert_with(|| Cn::new(uuid, epoch, CnPhase::Down));
         cn.phase = CnPhase::Starting;
         cn.epoch = epoch;
         cn.lock_open = false;

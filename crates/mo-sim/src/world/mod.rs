@@ -240,6 +240,24 @@ pub(crate) enum CnPhase {
     Stopping,
 }
 
+impl Cn {
+    pub(crate) fn new(uuid: String, epoch: u64, phase: CnPhase) -> Cn {
+        Cn {
+            uuid,
+            phase,
+            epoch,
+            lock_open: false,
+            heartbeats: true,
+            restart_mode: RestartMode::None,
+            holders: BTreeSet::new(),
+            sessions: BTreeSet::new(),
+            confirmed_epoch: None,
+            kernel_drain: None,
+            stop_cause: Cause::Voluntary,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RestartMode {
     None,
@@ -647,22 +665,9 @@ impl Simulation {
                 }
                 Component::Cn => {
                     let uuid = cn_uuid(&name);
-                    self.cns.insert(
-                        id,
-                        Cn {
-                            uuid: uuid.clone(),
-                            phase: CnPhase::Running,
-                            epoch,
-                            lock_open: true,
-                            heartbeats: true,
-                            restart_mode: RestartMode::None,
-                            holders: BTreeSet::new(),
-                            sessions: BTreeSet::new(),
-                            confirmed_epoch: None,
-                            kernel_drain: None,
-                            stop_cause: Cause::Voluntary,
-                        },
-                    );
+                    let mut cn = Cn::new(uuid.clone(), epoch, CnPhase::Running);
+                    cn.lock_open = true;
+                    self.cns.insert(id, cn);
                     self.hakeeper.cns.insert(
                         uuid,
                         CnRecord {

@@ -168,16 +168,7 @@ impl Simulation {
                 }
             }
             LockResult::WaitForTn => {
-                let now = self.now;
-                let wait = self.t.cn_tn_wait.millis();
-                let txn = self.txns.get_mut(&x).expect("present");
-                let deadline = *txn.tn_wait_deadline.get_or_insert(now + wait);
-                if now >= deadline {
-                    let cause = self.tn_cause();
-                    self.abort_txn(x, "lock table allocator unavailable".into(), cause);
-                } else {
-                    self.schedule(now + TN_RETRY, Ev::StmtDone(c, x));
-                }
+                self.retry_tn(x, Ev::StmtDone(c, x), "lock table allocator unavailable")
             }
             LockResult::Failed(error, cause) => self.abort_txn(x, error, cause),
         }
@@ -288,17 +279,12 @@ impl Simulation {
         }
         if self.tn.phase != TnPhase::Running {
             self.arm_commit_timeout(c, x);
-            // The CN retries the TN for a while before giving up (nothing was committed).
-            let now = self.now;
-            let wait = self.t.cn_tn_wait.millis();
-            let txn = self.txns.get_mut(&x).expect("present");
-            let deadline = *txn.tn_wait_deadline.get_or_insert(now + wait);
-            if now >= deadline {
-                let cause = self.tn_cause();
-                self.abort_txn(x, "TN unavailable: connection refused".into(), cause);
-            } else {
-                self.schedule(now + TN_RETRY, Ev::CommitAtTn(c, x));
-            }
+            // Nothing reached the TN, so giving up is a definite failure.
+            self.retry_tn(
+                x,
+                Ev::CommitAtTn(c, x),
+                "TN unavailable: connection refused",
+            );
             return;
         }
         let txn = &self.txns[&x];
@@ -325,6 +311,20 @@ impl Simulation {
         } else {
             self.arm_commit_timeout(c, x);
             self.on_log_change();
+        }
+    }
+
+    /// The CN retries an unreachable TN for `cn_tn_wait`, then gives up with `error`.
+    fn retry_tn(&mut self, x: TxnId, again: Ev, error: &str) {
+        let now = self.now;
+        let wait = self.t.cn_tn_wait.millis();
+        let txn = self.txns.get_mut(&x).expect("present");
+        let deadline = *txn.tn_wait_deadline.get_or_insert(now + wait);
+        if now >= deadline {
+            let cause = self.tn_cause();
+            self.abort_txn(x, error.to_string(), cause);
+        } else {
+            self.schedule(now + TN_RETRY, again);
         }
     }
 
