@@ -212,7 +212,17 @@ impl Drain {
         if self.stage == DrainStage::Released {
             self.hold(format!("waiting for {} to terminate", self.pod));
             if !pod.terminating && self.resend_due(self.release_sent_at, now, timing) {
-                self.release(now, actions);
+                // The release was lost: send it again only if the confirmation still holds
+                // on this observation; otherwise the drain goes back to work.
+                match self.still_confirmed(obs) {
+                    Ok(()) => self.release(now, actions),
+                    Err(why) => {
+                        self.set_stage(DrainStage::MarkDraining, now);
+                        self.hold(format!(
+                            "release not applied and no longer confirmed: {why}"
+                        ));
+                    }
+                }
             }
             return;
         }
@@ -498,6 +508,53 @@ impl Drain {
                 "waiting for the new instance of {} to register",
                 self.pod
             )),
+        }
+    }
+
+    /// Re-checks, on one fresh observation, everything a release relies on: the same
+    /// instance, fresh, Draining, idle, and its hand-over confirmed.
+    pub fn still_confirmed(&self, obs: &Observation) -> Gate {
+        let pod = obs
+            .pod(&self.pod)
+            .filter(|p| p.uid == self.pod_uid)
+            .ok_or_else(|| format!("{} was replaced", self.pod))?;
+        if pod.terminating {
+            return Err(format!("{} is terminating", self.pod));
+        }
+        let details = obs
+            .hakeeper
+            .as_ref()
+            .map_err(|e| format!("cannot read HAKeeper: {e}"))?;
+        let record = cn_record(details, &self.cn_uuid)
+            .ok_or_else(|| format!("CN [{}] is not registered", self.cn_uuid))?;
+        if Some(record.start_epoch) != self.start_epoch {
+            return Err("instance mismatch".into());
+        }
+        if record.heartbeat_age > HEARTBEAT_FRESH {
+            return Err("stale HAKeeper reading".into());
+        }
+        if record.work_state != WorkState::Draining {
+            return Err(format!("work state {:?}", record.work_state));
+        }
+        match obs.cn_activity.get(&self.pod) {
+            Some(Ok(a)) if a.sessions + a.pipelines + a.replicas == 0 => {}
+            _ => return Err(format!("{} is not idle", self.pod)),
+        }
+        let allocator = obs
+            .lock_allocator
+            .as_ref()
+            .map_err(|e| format!("cannot ask the lock allocator: {e}"))?;
+        let handed_over = match self.kernel_drain_id {
+            Some(id) => allocator.drains.get(&id) == Some(&DrainAnswer::Done),
+            None => allocator
+                .restarting
+                .get(&self.cn_uuid)
+                .is_some_and(|a| a.can_restart && a.remaining_txns == 0),
+        };
+        if handed_over {
+            Ok(())
+        } else {
+            Err("the allocator no longer confirms the hand-over".into())
         }
     }
 
@@ -938,6 +995,35 @@ mod tests {
             a.contains(&Action::SetRestartService { uuid: "u1".into() }),
             "{a:?}"
         );
+    }
+
+    #[test]
+    fn a_lost_release_is_not_sent_again_once_the_confirmation_lapsed() {
+        let mut d = remove();
+        to_handover(&mut d);
+        let mut o = obs(5_000);
+        draining(&mut o);
+        confirm(&mut o);
+        d.step(&o, &TIMING, Ok(()), &mut vec![]);
+        assert_eq!(d.stage, DrainStage::Released);
+        // The delete never happened, and meanwhile a session landed on the CN.
+        o.cn_activity.insert(
+            "cn-1".into(),
+            Ok(CnActivity {
+                sessions: 1,
+                pipelines: 0,
+                replicas: 0,
+            }),
+        );
+        o.now = Millis(11_000);
+        let mut a = vec![];
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(
+            !a.iter().any(|x| matches!(x, Action::DeletePod { .. })),
+            "{a:?}"
+        );
+        assert_eq!(d.stage, DrainStage::MarkDraining);
+        assert!(d.hold.as_deref().unwrap().contains("not idle"));
     }
 
     #[test]

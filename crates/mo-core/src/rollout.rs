@@ -297,17 +297,12 @@ impl Rollout {
             } => match obs.pod(&pod) {
                 Some(p) if p.uid == old_uid => {
                     if !p.terminating && now - sent_at >= timing.resend_after {
-                        actions.push(Action::RestartPod {
-                            pod: pod.clone(),
-                            uid: old_uid.clone(),
-                            version: version.clone(),
-                        });
-                        self.step = Step::Restart {
-                            pod: pod.clone(),
-                            old_uid,
-                            old_epoch,
-                            sent_at: now,
-                        };
+                        // The restart was lost (an operator restart between record and act).
+                        // Start the pod over: every pre-restart gate is checked again, and a
+                        // CN goes back through its drain (whose own release re-verifies).
+                        if component != Component::Cn {
+                            self.step = Step::NextPod;
+                        }
                     }
                     self.wait(format!("waiting for {pod} to restart"));
                 }

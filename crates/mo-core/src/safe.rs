@@ -424,6 +424,15 @@ impl Policy for SafePolicy {
                 let (name, uid) = (pod.name.clone(), pod.uid.clone());
                 if let Some(d) = self.active_drain(&name, &uid) {
                     d.last_eviction_at = Some(now);
+                    if d.stage == DrainStage::Confirmed
+                        && let Err(why) = d.still_confirmed(obs)
+                    {
+                        // Confirmed earlier, not any more: back to work, and the evictor waits.
+                        d.stage = DrainStage::MarkDraining;
+                        return EvictionVerdict::Deny {
+                            reason: format!("{name}: its drain must be confirmed again: {why}"),
+                        };
+                    }
                     if d.confirmed() {
                         // The evictor deletes it; the arbiter follows the pod to its end.
                         d.stage = DrainStage::Released;
