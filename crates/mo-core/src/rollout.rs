@@ -326,6 +326,14 @@ impl Rollout {
                 restarts,
                 healthy_since,
             } => {
+                // Replaced by someone else before our restart took: it still runs the old
+                // version, so it goes through the whole restart again.
+                if obs.pod(&pod).is_some_and(|p| {
+                    !p.terminating && p.phase == PodPhase::Running && p.version != version
+                }) {
+                    self.progress(now, Step::NextPod);
+                    return report;
+                }
                 let crashed = obs.pod(&pod).map(|p| p.restarts).unwrap_or(restarts) > restarts;
                 let gate = if crashed {
                     Err(format!("{pod} restarted on its own since it came up"))

@@ -400,3 +400,44 @@ fn every_progress_record_round_trips() {
         assert_eq!(resumed.record(), p.record());
     }
 }
+
+#[test]
+fn a_pod_replaced_on_the_old_version_is_restarted_again_not_waited_on() {
+    let mut p = SafePolicy::new(SafeConfig::default());
+    let mut o = cluster("v1");
+    upgrade(
+        &mut o,
+        r#"{"proxy":[],"log":["proxy"],"tn":["log"],"cn":["tn"]}"#,
+    );
+    let d = decide(&mut p, &o);
+    assert!(d.actions.contains(&Action::RestartPod {
+        pod: "proxy-0".into(),
+        uid: "u-px-0".into(),
+        version: "v2".into()
+    }));
+    // Someone else deleted it first: the workload recreated it from the old template.
+    o.pods.retain(|x| x.name != "proxy-0");
+    o.pods
+        .push(pod("proxy-0", Component::Proxy, "v1", "u-px-0-other"));
+    let mut again = None;
+    for t in 1..5 {
+        o.now = Millis::from_secs(100 + t);
+        let d = decide(&mut p, &o);
+        if let Some(a) = d
+            .actions
+            .into_iter()
+            .find(|a| matches!(a, Action::RestartPod { .. }))
+        {
+            again = Some(a);
+            break;
+        }
+    }
+    assert_eq!(
+        again,
+        Some(Action::RestartPod {
+            pod: "proxy-0".into(),
+            uid: "u-px-0-other".into(),
+            version: "v2".into()
+        })
+    );
+}
