@@ -254,7 +254,25 @@ impl Simulation {
             self.cn_heartbeat(p, &uuid, epoch);
         }
         self.expire_stores();
+        self.settle_pool();
         self.update_route_state();
+    }
+
+    /// A pooled CN whose claim was released becomes Idle once its sessions have moved.
+    fn settle_pool(&mut self) {
+        let settled: Vec<PodId> = self
+            .cns
+            .iter()
+            .filter(|(p, cn)| {
+                self.pods[**p].pool_phase == Some(PoolPhase::Draining) && cn.sessions.is_empty()
+            })
+            .map(|(&p, _)| p)
+            .collect();
+        for p in settled {
+            self.pods[p].pool_phase = Some(PoolPhase::Idle);
+            let name = self.pods[p].name.clone();
+            self.log("pool", || format!("{name}: sessions moved, Idle"));
+        }
     }
 
     fn cn_heartbeat(&mut self, p: PodId, uuid: &str, epoch: u64) {

@@ -996,8 +996,9 @@ impl Simulation {
             }
             EventKind::ClaimRelease { pod } => {
                 if let Some(&p) = self.pod_by_name.get(&pod) {
-                    self.pods[p].pool_phase = Some(PoolPhase::Idle);
-                    self.log("pool", || format!("claim on {pod} released: Idle"));
+                    // Draining until its sessions have moved, then Idle (kept for reuse).
+                    self.pods[p].pool_phase = Some(PoolPhase::Draining);
+                    self.log("pool", || format!("claim on {pod} released: Draining"));
                 }
             }
             EventKind::ClaimBind { pod } => {

@@ -437,3 +437,32 @@ proptest! {
         prop_assert_eq!(shard.can_commit(), leader.is_some() && caught_up > states.len() / 2);
     }
 }
+
+#[test]
+fn released_claim_drains_the_pooled_cn_to_idle_without_failures() {
+    let yaml = "
+name: pool
+duration: 2m
+topology:
+  version: v1
+  cn_groups:
+    - {name: tenant, replicas: 1}
+    - {name: pool, pool: true, replicas: 1, bound: 1}
+workload: {clients: 6, txn_rate: 8, tables: [a]}
+events:
+  - {at: 30s, claim_release: {pod: pool-0}}
+";
+    let mut s = sim(yaml);
+    run_to(&mut s, secs(29));
+    let p = pod(&s, "pool-0");
+    assert!(
+        !s.cns[&p].sessions.is_empty(),
+        "a Bound pooled CN serves the workload"
+    );
+    run_to(&mut s, secs(30) + Millis(500));
+    assert_eq!(s.pods[p].pool_phase, Some(PoolPhase::Draining));
+    run_to(&mut s, secs(60));
+    assert_eq!(s.pods[p].pool_phase, Some(PoolPhase::Idle));
+    assert!(s.cns[&p].sessions.is_empty());
+    assert_eq!(failures(&s), 0);
+}
