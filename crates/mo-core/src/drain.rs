@@ -131,6 +131,14 @@ impl Drain {
         }
     }
 
+    /// A newer drain owns the pod's current instance: this one, released, stops here rather
+    /// than setting that instance back to Working under the newer drain.
+    pub fn hand_off(&mut self, now: Millis) {
+        if self.stage == DrainStage::Released {
+            self.finish(DrainEnd::Released, now);
+        }
+    }
+
     fn finish(&mut self, end: DrainEnd, now: Millis) {
         self.end = Some(end);
         self.hold = None;

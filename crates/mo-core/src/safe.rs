@@ -337,6 +337,23 @@ impl Policy for SafePolicy {
         }
         self.sync_removals(obs);
         self.sync_node_failures(obs);
+        // One drain per instance: a released drain whose pod came back under a newer drain
+        // leaves the new instance to that drain.
+        let owned: Vec<(String, String)> = self
+            .record
+            .drains
+            .iter()
+            .filter(|d| d.is_active() && d.stage < DrainStage::Released)
+            .map(|d| (d.pod.clone(), d.pod_uid.clone()))
+            .collect();
+        for d in self.record.drains.iter_mut().filter(|d| d.is_active()) {
+            let newer = owned
+                .iter()
+                .any(|(pod, uid)| *pod == d.pod && *uid != d.pod_uid);
+            if newer {
+                d.hand_off(obs.now);
+            }
+        }
         let timing = self.config.drain_timing();
         let mut released = Vec::new();
         // CNs already draining (marked, or about to be this tick) do not count as a place for

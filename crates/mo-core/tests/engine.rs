@@ -441,3 +441,59 @@ fn a_pod_replaced_on_the_old_version_is_restarted_again_not_waited_on() {
         })
     );
 }
+
+/// A CN restarted for the upgrade and, right after, asked to leave (scale-in): the restart's
+/// drain must not keep setting the new instance Working while the removal drains it.
+#[test]
+fn a_released_restart_drain_leaves_the_new_instance_to_a_newer_drain() {
+    let mut p = SafePolicy::new(SafeConfig::default());
+    let mut o = cluster("v2");
+    // A restart drain of cn-0 (old instance u-cn-0) was released; cn-0 came back as u-cn-0b
+    // with its record still Draining, and its removal was requested.
+    let mut restart = drain::Drain::new(
+        "cn-0",
+        "u-cn-0",
+        "uuid-cn-0",
+        drain::DrainPurpose::Restart {
+            version: "v2".into(),
+        },
+        Millis::from_secs(1),
+    );
+    restart.start_epoch = Some(9);
+    restart.stage = drain::DrainStage::Released;
+    let mut record = p.record().clone();
+    record.format = safe::RECORD_FORMAT;
+    record.drains.push(restart);
+    p = SafePolicy::resume(
+        SafeConfig::default(),
+        &serde_json::to_string(&record).unwrap(),
+    );
+    o.pods.retain(|x| x.name != "cn-0");
+    o.pods.push(pod("cn-0", Component::Cn, "v2", "u-cn-0b"));
+    o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Draining;
+    o.desired.removals.push(RemovalRequest {
+        id: 1,
+        pod: "cn-0".into(),
+        uid: "u-cn-0b".into(),
+        reason: RemovalReason::ScaleIn,
+        requested_at: Millis::from_secs(100),
+    });
+    for t in 0..5 {
+        o.now = Millis::from_secs(100 + t);
+        let d = decide(&mut p, &o);
+        assert!(
+            !d.actions.iter().any(|a| matches!(
+                a,
+                Action::SetCnWorkState {
+                    state: WorkState::Working,
+                    ..
+                }
+            )),
+            "{:?}",
+            d.actions
+        );
+    }
+    let active: Vec<_> = p.record().drains.iter().filter(|d| d.is_active()).collect();
+    assert_eq!(active.len(), 1);
+    assert_eq!(active[0].pod_uid, "u-cn-0b");
+}
