@@ -1005,8 +1005,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_lost_release_is_not_sent_again_once_the_confirmation_lapsed() {
+    /// A removal drain that sent its release at 5 s (the release may yet be lost).
+    fn released() -> (Drain, Observation) {
         let mut d = remove();
         to_handover(&mut d);
         let mut o = obs(5_000);
@@ -1014,6 +1014,12 @@ mod tests {
         confirm(&mut o);
         d.step(&o, &TIMING, Ok(()), &mut vec![]);
         assert_eq!(d.stage, DrainStage::Released);
+        (d, o)
+    }
+
+    #[test]
+    fn a_lost_release_is_not_sent_again_once_the_confirmation_lapsed() {
+        let (mut d, mut o) = released();
         // The delete never happened, and meanwhile a session landed on the CN.
         o.cn_activity.insert(
             "cn-1".into(),
@@ -1048,13 +1054,7 @@ mod tests {
 
     #[test]
     fn lost_release_is_sent_again() {
-        let mut d = remove();
-        to_handover(&mut d);
-        let mut o = obs(5_000);
-        draining(&mut o);
-        confirm(&mut o);
-        d.step(&o, &TIMING, Ok(()), &mut vec![]);
-        assert_eq!(d.stage, DrainStage::Released);
+        let (mut d, mut o) = released();
         o.now = Millis(11_000);
         let mut a = vec![];
         d.step(&o, &TIMING, Ok(()), &mut a);

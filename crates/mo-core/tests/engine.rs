@@ -202,6 +202,23 @@ fn decide(p: &mut SafePolicy, o: &Observation) -> Decision {
     })
 }
 
+/// A proxy-first upgrade whose first decision restarts proxy-0 onto v2.
+fn proxy_first_upgrade(config: SafeConfig) -> (SafePolicy, Observation) {
+    let mut p = SafePolicy::new(config);
+    let mut o = cluster("v1");
+    upgrade(
+        &mut o,
+        r#"{"proxy":[],"log":["proxy"],"tn":["log"],"cn":["tn"]}"#,
+    );
+    let d = decide(&mut p, &o);
+    assert!(d.actions.contains(&Action::RestartPod {
+        pod: "proxy-0".into(),
+        uid: "u-px-0".into(),
+        version: "v2".into()
+    }));
+    (p, o)
+}
+
 const LOG_FIRST: &str = r#"{"log":[],"tn":["log"],"cn":["tn"],"proxy":["cn"]}"#;
 
 #[test]
@@ -293,19 +310,8 @@ fn rollback_restores_the_phase_through_the_same_gates() {
         on_stall: OnStall::Rollback,
         ..SafeConfig::default()
     };
-    let mut p = SafePolicy::new(config.clone());
-    let mut o = cluster("v1");
-    upgrade(
-        &mut o,
-        r#"{"proxy":[],"log":["proxy"],"tn":["log"],"cn":["tn"]}"#,
-    );
     // proxy-0 restarts onto v2 and never routes again.
-    let d = decide(&mut p, &o);
-    assert!(d.actions.contains(&Action::RestartPod {
-        pod: "proxy-0".into(),
-        uid: "u-px-0".into(),
-        version: "v2".into()
-    }));
+    let (mut p, mut o) = proxy_first_upgrade(config.clone());
     o.pods.retain(|x| x.name != "proxy-0");
     o.pods
         .push(pod("proxy-0", Component::Proxy, "v2", "u-px-0b"));
@@ -403,18 +409,7 @@ fn every_progress_record_round_trips() {
 
 #[test]
 fn a_pod_replaced_on_the_old_version_is_restarted_again_not_waited_on() {
-    let mut p = SafePolicy::new(SafeConfig::default());
-    let mut o = cluster("v1");
-    upgrade(
-        &mut o,
-        r#"{"proxy":[],"log":["proxy"],"tn":["log"],"cn":["tn"]}"#,
-    );
-    let d = decide(&mut p, &o);
-    assert!(d.actions.contains(&Action::RestartPod {
-        pod: "proxy-0".into(),
-        uid: "u-px-0".into(),
-        version: "v2".into()
-    }));
+    let (mut p, mut o) = proxy_first_upgrade(SafeConfig::default());
     // Someone else deleted it first: the workload recreated it from the old template.
     o.pods.retain(|x| x.name != "proxy-0");
     o.pods
