@@ -56,6 +56,25 @@ impl FromStr for Component {
     }
 }
 
+/// The CN UUID derives from the pod's DNS name, so it is stable across restarts of the pod.
+pub fn cn_uuid(pod_name: &str) -> String {
+    // FNV-1a over the name, printed as a UUID: deterministic and readable in logs.
+    let mut h: u128 = 0x6c62272e07bb014262b821756295c58d;
+    for b in pod_name.bytes() {
+        h ^= b as u128;
+        h = h.wrapping_mul(0x0000000001000000000000000000013B);
+    }
+    let hex = format!("{h:032x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

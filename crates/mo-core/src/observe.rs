@@ -189,6 +189,32 @@ pub struct DesiredState {
     pub removals: Vec<RemovalRequest>,
 }
 
+/// What the kernel's admin side answers (HAKeeper, the TN lock allocator, CN query services,
+/// proxies): the MatrixOne half of an [`Observation`], as one admin API call returns it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelView {
+    pub hakeeper: Result<ClusterDetails, ObservationError>,
+    pub lock_allocator: Result<AllocatorView, ObservationError>,
+    /// Per CN pod name.
+    pub cn_activity: BTreeMap<String, Result<CnActivity, ObservationError>>,
+    /// Per proxy pod name.
+    pub proxy_routes: BTreeMap<String, Result<u32, ObservationError>>,
+    pub tn_wal_tolerance: Option<Millis>,
+}
+
+impl KernelView {
+    /// Nothing could be asked: every reading carries the same error.
+    pub fn unreachable(error: ObservationError) -> KernelView {
+        KernelView {
+            hakeeper: Err(error.clone()),
+            lock_allocator: Err(error),
+            cn_activity: BTreeMap::new(),
+            proxy_routes: BTreeMap::new(),
+            tn_wal_tolerance: None,
+        }
+    }
+}
+
 /// One consistent look at the cluster, taken at `now`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Observation {

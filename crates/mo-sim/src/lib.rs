@@ -3,6 +3,7 @@
 //! Single-threaded, virtual time, one seeded RNG: the same scenario and seed give a
 //! byte-identical event log. Operator behaviours plug in through [`mo_core::Policy`].
 
+pub mod attached;
 pub mod campaign;
 pub mod duration;
 pub mod plan;

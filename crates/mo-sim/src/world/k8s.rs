@@ -60,7 +60,7 @@ impl Simulation {
     }
 
     /// Time until a new pod of `version` runs on `node`: the pull (if any), then the start.
-    fn start_delay(&mut self, node: usize, version: &str) -> Millis {
+    pub(crate) fn start_delay(&mut self, node: usize, version: &str) -> Millis {
         let ready_at = self.pull_image(node, version);
         (ready_at - self.now) + self.t.container_start.millis()
     }
@@ -82,7 +82,7 @@ impl Simulation {
     }
 
     /// Same node when possible (local volumes), else the least loaded schedulable node.
-    fn choose_node(&self, preferred: usize) -> Option<usize> {
+    pub(crate) fn choose_node(&self, preferred: usize) -> Option<usize> {
         if self.schedulable(preferred) {
             return Some(preferred);
         }
@@ -289,7 +289,7 @@ impl Simulation {
         self.start_process(p);
     }
 
-    fn pod_gone(&mut self, p: PodId) {
+    pub(crate) fn pod_gone(&mut self, p: PodId) {
         let deletion = self.pods[p].deletion.clone();
         self.pods[p].status = PodStatus::Gone;
         self.pods[p].ready = false;
@@ -322,7 +322,7 @@ impl Simulation {
         }
     }
 
-    fn copy_membership(&mut self, from: PodId, to: PodId) {
+    pub(crate) fn copy_membership(&mut self, from: PodId, to: PodId) {
         self.pods[to].cn_group = self.pods[from].cn_group;
         self.pods[to].pool_phase = self.pods[from].pool_phase;
         if let Some(cn) = self.cns.remove(&from) {

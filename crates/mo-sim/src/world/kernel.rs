@@ -83,7 +83,11 @@ impl Simulation {
             return;
         }
         let (id, store) = (self.shards[s].id, replica.store.clone());
-        self.shards[s].replicas[r].state = ReplicaState::Joined { caught_up: false };
+        // A shard that never had a leader (a new cluster) has no log to catch up on.
+        let fresh_shard = self.shards[s].term == 0;
+        self.shards[s].replicas[r].state = ReplicaState::Joined {
+            caught_up: fresh_shard,
+        };
         self.log("raft", || {
             format!("shard {id}: {store} rejoined, catching up")
         });

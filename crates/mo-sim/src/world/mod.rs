@@ -472,6 +472,13 @@ impl Simulation {
     }
 
     pub fn with_policy(scenario: Scenario, policy: Box<dyn Policy>, options: RunOptions) -> Self {
+        let mut sim = Simulation::build(scenario, policy, options);
+        sim.bootstrap();
+        sim
+    }
+
+    /// The world of `scenario` with nothing started yet.
+    pub(crate) fn build(scenario: Scenario, policy: Box<dyn Policy>, options: RunOptions) -> Self {
         let t = scenario.timings.clone();
         let nodes = scenario
             .node_names()
@@ -490,7 +497,7 @@ impl Simulation {
                 name: g.name.clone(),
             })
             .collect();
-        let mut sim = Simulation {
+        Simulation {
             rng: ChaCha8Rng::seed_from_u64(scenario.seed),
             t,
             now: Millis::ZERO,
@@ -570,13 +577,11 @@ impl Simulation {
             unsafe_log: Vec::new(),
             tracker: UpgradeTracker::default(),
             scenario,
-        };
-        sim.bootstrap();
-        sim
+        }
     }
 
-    /// The cluster starts healthy: every pod Running and Ready, LOG shards led, CNs registered.
-    fn bootstrap(&mut self) {
+    /// Pods of the initial topology (Pending, nothing started) and the LOG shards' replicas.
+    fn create_topology(&mut self) {
         let version = self.scenario.topology.version.clone();
         self.node_images = vec![BTreeSet::from([version.clone()]); self.nodes.len()];
         let names = self.scenario.pod_names();
@@ -632,6 +637,32 @@ impl Simulation {
                 election_scheduled: false,
             });
         }
+    }
+
+    /// A cluster whose pods have not arrived yet: every process starts when its pod is
+    /// attached (see [`crate::attached`]), LOG shards elect their first leader once a majority
+    /// of stores joined, the TN and CNs wait for HAKeeper as they do at a real first start.
+    pub(crate) fn bootstrap_cold(&mut self) {
+        self.create_topology();
+        if let Some(tn) = (0..self.pods.len()).find(|&p| self.pods[p].component == Component::Tn) {
+            self.tn.pod = tn;
+        }
+        self.schedule(self.t.heartbeat.millis(), Ev::HeartbeatTick);
+        self.schedule(self.t.proxy_refresh.millis(), Ev::ProxyRefresh);
+        self.schedule(self.t.proxy_rebalance.millis(), Ev::ProxyRebalance);
+        let start = self.scenario.workload.start.millis();
+        for c in 0..self.clients.len() {
+            let jitter = Millis(rand::Rng::random_range(&mut self.rng, 0..1000));
+            self.schedule(start + jitter, Ev::ClientNext(c));
+        }
+        let line = format!("cold start: {} pods expected", self.pods.len());
+        self.log("sim", || line);
+    }
+
+    /// The cluster starts healthy: every pod Running and Ready, LOG shards led, CNs registered.
+    fn bootstrap(&mut self) {
+        let version = self.scenario.topology.version.clone();
+        self.create_topology();
         // Start every process as if it had been running for a long time.
         for id in 0..self.pods.len() {
             let pod = &mut self.pods[id];
@@ -1249,21 +1280,4 @@ fn ordinal_key(name: &str) -> (String, u64) {
     }
 }
 
-/// The CN UUID derives from the pod's DNS name, so it is stable across restarts of the pod.
-pub(crate) fn cn_uuid(pod_name: &str) -> String {
-    // FNV-1a over the name, printed as a UUID: deterministic and readable in logs.
-    let mut h: u128 = 0x6c62272e07bb014262b821756295c58d;
-    for b in pod_name.bytes() {
-        h ^= b as u128;
-        h = h.wrapping_mul(0x0000000001000000000000000000013B);
-    }
-    let hex = format!("{h:032x}");
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
-}
+pub(crate) use mo_core::component::cn_uuid;

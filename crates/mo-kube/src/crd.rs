@@ -1,0 +1,437 @@
+//! The `MatrixOneCluster` custom resource.
+//!
+//! Validation lives in the schema so the API server refuses a bad spec with a message naming
+//! the field: OpenAPI bounds and patterns per field, CEL rules where a rule spans fields.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use mo_core::{Component, Millis, OnStall, SafeConfig, Strategy};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub const GROUP: &str = "ops.matrixorigin.io";
+pub const FINALIZER: &str = "ops.matrixorigin.io/cleanup";
+pub const FIELD_MANAGER: &str = "mo-operator";
+
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "ops.matrixorigin.io",
+    version = "v1alpha1",
+    kind = "MatrixOneCluster",
+    namespaced,
+    shortname = "moc",
+    status = "MatrixOneClusterStatus",
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.version"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Step","type":"string","jsonPath":".status.rollout.step"}"#,
+    printcolumn = r#"{"name":"Waiting-On","type":"string","jsonPath":".status.rollout.waitingOn","priority":0}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.upgrade) || !has(self.upgrade.stallTimeout) || !has(self.upgrade.stabilityWindow) || duration(self.upgrade.stallTimeout) > duration(self.upgrade.stabilityWindow)").message("spec.upgrade.stallTimeout must be longer than spec.upgrade.stabilityWindow").field_path("spec.upgrade.stallTimeout"))]
+pub struct MatrixOneClusterSpec {
+    /// MatrixOne version (the image tag) every component runs. Changing it starts an upgrade.
+    #[schemars(
+        length(min = 1, max = 128),
+        regex(pattern = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+    )]
+    pub version: String,
+    /// Image repository; the tag is `version`.
+    #[serde(default = "default_image")]
+    #[schemars(length(min = 1))]
+    pub image: String,
+    pub log: LogSpec,
+    #[serde(default)]
+    pub tn: TnSpec,
+    #[x_kube(validation = Rule::new("self.groups.all(g, !(g.name in ['log', 'tn', 'dn', 'proxy']))").message("spec.cn.groups[].name must not be a component name (log, tn, dn, proxy)"))]
+    pub cn: CnSpec,
+    #[serde(default)]
+    pub proxy: ProxySpec,
+    #[serde(default)]
+    pub upgrade: UpgradeSettings,
+    #[serde(default)]
+    pub drain: DrainSettings,
+}
+
+fn default_image() -> String {
+    "matrixorigin/matrixone".into()
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.replicas % 2 == 1").message("spec.log.replicas must be odd (a Raft majority of an even count tolerates no more failures)").field_path(".replicas"))]
+pub struct LogSpec {
+    /// LOG stores (Raft replicas of every shard): 3 or 5.
+    #[schemars(range(min = 3, max = 7))]
+    pub replicas: i32,
+    /// Log shards besides HAKeeper's; immutable once created.
+    #[serde(default = "one")]
+    #[schemars(range(min = 1, max = 64))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.log.shards is immutable"))]
+    pub shards: i32,
+}
+
+fn one() -> i32 {
+    1
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TnSpec {
+    /// The kernel runs exactly one TN.
+    #[serde(default = "one")]
+    #[schemars(range(min = 1, max = 1))]
+    pub replicas: i32,
+}
+
+impl Default for TnSpec {
+    fn default() -> Self {
+        TnSpec { replicas: 1 }
+    }
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CnSpec {
+    #[schemars(length(min = 1, max = 16))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub groups: Vec<CnGroupSpec>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CnGroupSpec {
+    /// DNS label; CN pods are named `<cluster>-<group>-<ordinal>`.
+    #[schemars(
+        length(min = 1, max = 30),
+        regex(pattern = r"^[a-z]([a-z0-9-]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// Lowering it removes the highest ordinals, each only after its drain is confirmed.
+    #[schemars(range(min = 0, max = 256))]
+    pub replicas: i32,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxySpec {
+    #[serde(default = "one")]
+    #[schemars(range(min = 0, max = 64))]
+    pub replicas: i32,
+}
+
+impl Default for ProxySpec {
+    fn default() -> Self {
+        ProxySpec { replicas: 1 }
+    }
+}
+
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub enum OnStallSpec {
+    #[default]
+    Halt,
+    Rollback,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.strategy.all(k, k in ['log', 'tn', 'dn', 'cn', 'proxy'] && self.strategy[k].all(d, d in ['log', 'tn', 'dn', 'cn', 'proxy']))").message("spec.upgrade.strategy: keys and values must be components (log, tn or dn, cn, proxy)").field_path(".strategy"))]
+#[x_kube(validation = Rule::new("self.strategy.all(k, !(k in self.strategy[k]) && self.strategy[k].all(d, !(d in self.strategy) || !(k in self.strategy[d])))").message("spec.upgrade.strategy: a component cannot wait for itself or for a component that waits for it").field_path(".strategy"))]
+pub struct UpgradeSettings {
+    /// Component → the components whose upgrade it waits for. Empty: LOG → TN → CN → Proxy.
+    #[serde(default)]
+    pub strategy: BTreeMap<String, Vec<String>>,
+    /// A restarted pod's gate, and a finished phase's, must hold this long.
+    #[serde(default = "default_stability")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub stability_window: String,
+    /// No progress for this long halts the rollout (or rolls it back). Never deletes or advances.
+    #[serde(default = "default_stall")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub stall_timeout: String,
+    #[serde(default)]
+    pub on_stall: OnStallSpec,
+    /// TN WAL-append tolerance while LOG replicas restart.
+    #[serde(default = "default_tn_tolerance")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub tn_wal_tolerance: String,
+    /// Pull the new image onto every node before restarting anything.
+    #[serde(default = "yes")]
+    pub pre_pull: bool,
+}
+
+impl Default for UpgradeSettings {
+    fn default() -> Self {
+        UpgradeSettings {
+            strategy: BTreeMap::new(),
+            stability_window: default_stability(),
+            stall_timeout: default_stall(),
+            on_stall: OnStallSpec::Halt,
+            tn_wal_tolerance: default_tn_tolerance(),
+            pre_pull: true,
+        }
+    }
+}
+
+fn default_stability() -> String {
+    "20s".into()
+}
+fn default_stall() -> String {
+    "10m".into()
+}
+fn default_tn_tolerance() -> String {
+    "15m".into()
+}
+fn yes() -> bool {
+    true
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainSettings {
+    /// A drain waiting longer raises an alarm (condition, event, metric). It keeps waiting.
+    #[serde(default = "default_alarm")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub alarm_after: String,
+    /// An eviction-started drain whose evictor stopped retrying this long is cancelled.
+    #[serde(default = "default_abandon")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub eviction_abandon: String,
+}
+
+impl Default for DrainSettings {
+    fn default() -> Self {
+        DrainSettings {
+            alarm_after: default_alarm(),
+            eviction_abandon: default_abandon(),
+        }
+    }
+}
+
+fn default_alarm() -> String {
+    "10m".into()
+}
+fn default_abandon() -> String {
+    "2m".into()
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MatrixOneClusterStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// Per component: versions running and pods ready.
+    #[serde(default)]
+    pub components: BTreeMap<String, ComponentStatus>,
+    /// The version new pods of each component are created with (changed one pod at a time
+    /// by the rollout, recorded before the pod is restarted).
+    #[serde(default)]
+    pub template_versions: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatusView>,
+    #[serde(default)]
+    pub drains: Vec<DrainView>,
+    /// The decision core's progress record, persisted before any of its actions is taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentStatus {
+    pub replicas: i32,
+    pub ready: i32,
+    /// Version → pods running it.
+    pub versions: BTreeMap<String, i32>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatusView {
+    pub target: String,
+    /// `phase log: restart log-1`, `complete`, `halted`, …
+    pub step: String,
+    /// The gate or confirmation the rollout waits on, with the reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_on: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainView {
+    pub pod: String,
+    pub pod_uid: String,
+    pub cn_uuid: String,
+    pub purpose: String,
+    pub stage: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_on: Option<String>,
+}
+
+/// A spec that passed the schema can still be refused by the core (a strategy cycle longer
+/// than two): this says which field and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("spec.upgrade.strategy: {0}")]
+    Strategy(String),
+    #[error("spec.{field}: {message}")]
+    Duration {
+        field: &'static str,
+        message: String,
+    },
+}
+
+impl MatrixOneClusterSpec {
+    pub fn strategy(&self) -> Result<Strategy, SpecError> {
+        if self.upgrade.strategy.is_empty() {
+            return Ok(Strategy::default_order());
+        }
+        let pairs = self
+            .upgrade
+            .strategy
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        Strategy::from_pairs(pairs).map_err(|e| SpecError::Strategy(e.to_string()))
+    }
+
+    /// The decision core's settings from this spec.
+    pub fn safe_config(&self) -> Result<SafeConfig, SpecError> {
+        let d = |field: &'static str, text: &str| -> Result<Millis, SpecError> {
+            parse_go_duration(text).ok_or_else(|| SpecError::Duration {
+                field,
+                message: format!("`{text}` is not a duration like 90s, 10m or 1h30m"),
+            })
+        };
+        Ok(SafeConfig {
+            stability_window: d("upgrade.stabilityWindow", &self.upgrade.stability_window)?,
+            stall_timeout: d("upgrade.stallTimeout", &self.upgrade.stall_timeout)?,
+            on_stall: match self.upgrade.on_stall {
+                OnStallSpec::Halt => OnStall::Halt,
+                OnStallSpec::Rollback => OnStall::Rollback,
+            },
+            tn_wal_tolerance: d("upgrade.tnWalTolerance", &self.upgrade.tn_wal_tolerance)?,
+            pre_pull: self.upgrade.pre_pull,
+            eviction_abandon: d("drain.evictionAbandon", &self.drain.eviction_abandon)?,
+            drain_alarm: d("drain.alarmAfter", &self.drain.alarm_after)?,
+            ..SafeConfig::default()
+        })
+    }
+
+    /// Pods the spec asks for, per component, in ordinal order (names without the cluster).
+    pub fn desired_pods(&self) -> BTreeMap<Component, Vec<String>> {
+        let mut out = BTreeMap::new();
+        out.insert(
+            Component::Log,
+            (0..self.log.replicas).map(|i| format!("log-{i}")).collect(),
+        );
+        out.insert(
+            Component::Tn,
+            (0..self.tn.replicas).map(|i| format!("tn-{i}")).collect(),
+        );
+        out.insert(
+            Component::Cn,
+            self.cn
+                .groups
+                .iter()
+                .flat_map(|g| (0..g.replicas).map(move |i| format!("{}-{i}", g.name)))
+                .collect(),
+        );
+        out.insert(
+            Component::Proxy,
+            (0..self.proxy.replicas)
+                .map(|i| format!("proxy-{i}"))
+                .collect(),
+        );
+        out
+    }
+}
+
+/// `1h30m`, `90s`, `250ms`: the subset of Go's syntax the schema admits.
+pub fn parse_go_duration(text: &str) -> Option<Millis> {
+    if text.is_empty() {
+        return None;
+    }
+    let mut total: u64 = 0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.chars().take_while(|c| c.is_ascii_digit()).count();
+        if digits == 0 {
+            return None;
+        }
+        let value: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let (unit_ms, len) = if rest.starts_with("ms") {
+            (1, 2)
+        } else if rest.starts_with('s') {
+            (1_000, 1)
+        } else if rest.starts_with('m') {
+            (60_000, 1)
+        } else if rest.starts_with('h') {
+            (3_600_000, 1)
+        } else {
+            return None;
+        };
+        total = total.checked_add(value.checked_mul(unit_ms)?)?;
+        rest = &rest[len..];
+    }
+    Some(Millis(total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    /// Go-style durations (`90s`, `10m`, `1h30m`): CEL's `duration()` parses the same syntax.
+    const DURATION_PATTERN: &str = r"^([0-9]+(ms|s|m|h))+$";
+
+    #[test]
+    fn durations_parse_like_go() {
+        assert_eq!(parse_go_duration("1h30m"), Some(Millis::from_mins(90)));
+        assert_eq!(parse_go_duration("250ms"), Some(Millis(250)));
+        assert_eq!(parse_go_duration("20s"), Some(Millis::from_secs(20)));
+        assert_eq!(parse_go_duration("10"), None);
+        assert_eq!(parse_go_duration("m"), None);
+        assert_eq!(parse_go_duration(""), None);
+        assert_eq!(parse_go_duration("5d"), None);
+    }
+
+    #[test]
+    fn the_crd_carries_cel_rules_and_printer_columns() {
+        let crd = serde_json::to_string(&MatrixOneCluster::crd()).expect("serializes");
+        assert!(crd.contains("x-kubernetes-validations"));
+        assert!(crd.contains("spec.log.replicas must be odd"));
+        assert!(crd.contains("spec.log.shards is immutable"));
+        assert!(crd.contains("Waiting-On"));
+        assert!(
+            crd.contains(
+                DURATION_PATTERN
+                    .trim_start_matches('^')
+                    .trim_end_matches('$')
+            )
+        );
+    }
+
+    #[test]
+    fn a_strategy_cycle_is_named() {
+        let spec: MatrixOneClusterSpec = serde_json::from_value(serde_json::json!({
+            "version": "v1",
+            "log": {"replicas": 3},
+            "cn": {"groups": [{"name": "a", "replicas": 1}]},
+            "upgrade": {"strategy": {"log": ["proxy"], "proxy": ["cn"], "cn": ["log"]}}
+        }))
+        .expect("schema-valid");
+        let err = spec.strategy().expect_err("a cycle");
+        assert!(
+            err.to_string().starts_with("spec.upgrade.strategy"),
+            "{err}"
+        );
+        assert_eq!(
+            spec.safe_config().expect("defaults").stall_timeout,
+            Millis::from_mins(10)
+        );
+    }
+}

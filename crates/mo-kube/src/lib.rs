@@ -1,0 +1,7 @@
+//! The Kubernetes side of the MatrixOne operator. The decision core decides; this crate
+//! observes the cluster through the API server and the MatrixOne admin API, persists the
+//! core's progress record, and carries out its actions.
+
+pub mod admin;
+pub mod crd;
+pub mod resources;
