@@ -22,7 +22,7 @@ pub enum EvictionVerdict {
     },
 }
 
-pub trait Policy {
+pub trait Policy: Send {
     fn name(&self) -> &str;
 
     /// Called on every operator tick with a fresh observation.

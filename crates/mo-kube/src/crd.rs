@@ -28,7 +28,7 @@ pub const FIELD_MANAGER: &str = "mo-operator";
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(self.upgrade) || !has(self.upgrade.stallTimeout) || !has(self.upgrade.stabilityWindow) || duration(self.upgrade.stallTimeout) > duration(self.upgrade.stabilityWindow)").message("spec.upgrade.stallTimeout must be longer than spec.upgrade.stabilityWindow").field_path("spec.upgrade.stallTimeout"))]
+#[x_kube(validation = Rule::new("!has(self.upgrade) || !has(self.upgrade.stallTimeout) || !has(self.upgrade.stabilityWindow) || duration(self.upgrade.stallTimeout) > duration(self.upgrade.stabilityWindow)").message("spec.upgrade.stallTimeout must be longer than spec.upgrade.stabilityWindow").field_path(".upgrade.stallTimeout"))]
 pub struct MatrixOneClusterSpec {
     /// MatrixOne version (the image tag) every component runs. Changing it starts an upgrade.
     #[schemars(
@@ -135,12 +135,13 @@ pub enum OnStallSpec {
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.strategy.all(k, k in ['log', 'tn', 'dn', 'cn', 'proxy'] && self.strategy[k].all(d, d in ['log', 'tn', 'dn', 'cn', 'proxy']))").message("spec.upgrade.strategy: keys and values must be components (log, tn or dn, cn, proxy)").field_path(".strategy"))]
+#[x_kube(validation = Rule::new("self.strategy.all(k, k in ['log', 'tn', 'dn', 'cn', 'proxy'])").message("spec.upgrade.strategy: keys must be components (log, tn or dn, cn, proxy)").field_path(".strategy"))]
 #[x_kube(validation = Rule::new("self.strategy.all(k, !(k in self.strategy[k]) && self.strategy[k].all(d, !(d in self.strategy) || !(k in self.strategy[d])))").message("spec.upgrade.strategy: a component cannot wait for itself or for a component that waits for it").field_path(".strategy"))]
 pub struct UpgradeSettings {
     /// Component → the components whose upgrade it waits for. Empty: LOG → TN → CN → Proxy.
     #[serde(default)]
-    pub strategy: BTreeMap<String, Vec<String>>,
+    #[schemars(extend("maxProperties" = 5))]
+    pub strategy: BTreeMap<String, Dependencies>,
     /// A restarted pod's gate, and a finished phase's, must hold this long.
     #[serde(default = "default_stability")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
@@ -169,6 +170,33 @@ impl Default for UpgradeSettings {
             on_stall: OnStallSpec::Halt,
             tn_wal_tolerance: default_tn_tolerance(),
             pre_pull: true,
+        }
+    }
+}
+
+/// The components a phase waits for (at most every other one).
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(transparent)]
+pub struct Dependencies(#[schemars(length(max = 5))] pub Vec<ComponentName>);
+
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ComponentName {
+    Log,
+    Tn,
+    Dn,
+    Cn,
+    Proxy,
+}
+
+impl ComponentName {
+    fn as_str(self) -> &'static str {
+        match self {
+            ComponentName::Log => "log",
+            ComponentName::Tn => "tn",
+            ComponentName::Dn => "dn",
+            ComponentName::Cn => "cn",
+            ComponentName::Proxy => "proxy",
         }
     }
 }
@@ -292,7 +320,7 @@ impl MatrixOneClusterSpec {
             .upgrade
             .strategy
             .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .map(|(k, v)| (k.clone(), v.0.iter().map(|c| c.as_str().to_string()).collect()))
             .collect();
         Strategy::from_pairs(pairs).map_err(|e| SpecError::Strategy(e.to_string()))
     }

@@ -5,3 +5,8 @@
 pub mod admin;
 pub mod crd;
 pub mod resources;
+pub mod leader;
+pub mod metrics;
+pub mod observation;
+pub mod controller;
+pub mod status;

@@ -3,6 +3,8 @@
 mod campaign;
 mod embedded;
 mod html;
+mod kubelet;
+mod operate;
 mod output;
 
 use anyhow::{Context, Result, bail};
@@ -74,17 +76,52 @@ enum Command {
     Scenarios,
     /// Randomized fault campaign: invariants checked on every event.
     Campaign(campaign::Args),
+    /// Run the operator against a Kubernetes cluster (in-cluster config or KUBECONFIG).
+    Run(operate::Args),
+    /// Print the MatrixOneCluster CustomResourceDefinition (YAML).
+    Crds,
+    /// Attach the simulated MatrixOne data plane to a Kubernetes API server: play kubelet for
+    /// MatrixOne pods on fake nodes and serve the admin API.
+    Kubelet(kubelet::Args),
+}
+
+fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    let long_running = matches!(cli.command, Command::Run(_) | Command::Kubelet(_));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(if long_running { "info" } else { "warn" })
+    });
+    if long_running {
+        // Services log structured JSON lines (one object per event) for log pipelines.
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    } else {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    match cli.command {
+        Command::Run(args) => tokio_runtime()?.block_on(operate::run(args)),
+        Command::Kubelet(args) => tokio_runtime()?.block_on(kubelet::run(args)),
+        Command::Crds => {
+            use kube::CustomResourceExt;
+            print!(
+                "{}",
+                serde_yaml_ng::to_string(&mo_kube::crd::MatrixOneCluster::crd())?
+            );
+            Ok(())
+        }
         Command::Sim {
             scenario,
             policy,

@@ -252,6 +252,12 @@ impl LogTo for Command {
 /// Spawns children from one thread that lives as long as the process, so that
 /// `PR_SET_PDEATHSIG` (which fires when the spawning *thread* ends) fires only when the test
 /// process itself ends.
+/// Spawns a process that lives until the test process ends (a shared helper such as the
+/// simulated data plane); its output goes to `log`. Returns its pid.
+pub fn spawn_for_process(command: Command, log: PathBuf) -> Result<u32, TestEnvError> {
+    Spawner::get().spawn((command, log))
+}
+
 struct Spawner {
     requests: Mutex<mpsc::Sender<(Command, PathBuf, mpsc::Sender<std::io::Result<u32>>)>>,
 }

@@ -1,0 +1,690 @@
+//! The `MatrixOneCluster` controller: every tick, observe (API server + kernel), let the
+//! decision core decide, persist its progress record in the status, then act.
+//!
+//! Order matters and is the safety argument: the record (and any template version an action
+//! will change) is written to the API server *before* the action is carried out, so an
+//! operator killed at any point resumes from a record that covers every action it may have
+//! taken; each action is idempotent and guarded by the pod UID it names.
+
+use crate::admin::AdminClient;
+use crate::crd::{FIELD_MANAGER, FINALIZER, MatrixOneCluster, MatrixOneClusterStatus};
+use crate::metrics::{ActionLabels, ClusterLabels, DrainLabels, Metrics};
+use crate::observation::{self, cluster_pods, component_of};
+use crate::resources::{self, LABEL_CLUSTER, LABEL_PREPULL};
+use crate::status;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use mo_core::{
+    Action, ActionError, ActionOutput, ActionResult, Component, Millis, Policy, PolicyInput,
+    PolicyNote, SafeConfig, SafePolicy,
+};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+    #[error("cluster object has no {0}")]
+    Incomplete(&'static str),
+}
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// How often each cluster is observed and decided on.
+    pub tick: Duration,
+    /// Owned objects are re-applied at least this often (drift repair).
+    pub reapply_every: Duration,
+    /// Identity for events (the pod name in a deployment).
+    pub instance: String,
+    /// Only clusters (and pods) of this namespace; all namespaces when unset.
+    pub namespace: Option<String>,
+}
+
+/// What the controller keeps per cluster between ticks (rebuilt from the status on restart).
+#[derive(Default)]
+struct ClusterState {
+    policy: Option<SafePolicy>,
+    config: Option<SafeConfig>,
+    results: Vec<ActionResult>,
+    applied: Option<(u64, Instant)>,
+    last_status: Option<MatrixOneClusterStatus>,
+}
+
+pub struct Context {
+    client: Client,
+    admin: AdminClient,
+    pub metrics: Arc<Metrics>,
+    recorder: Recorder,
+    pods: Store<Pod>,
+    nodes: Store<Node>,
+    states: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<ClusterState>>>>,
+    settings: Settings,
+}
+
+impl Context {
+    fn state(&self, uid: &str) -> Arc<tokio::sync::Mutex<ClusterState>> {
+        self.states
+            .lock()
+            .expect("states lock")
+            .entry(uid.to_string())
+            .or_default()
+            .clone()
+    }
+
+    fn forget(&self, uid: &str) {
+        self.states.lock().expect("states lock").remove(uid);
+    }
+
+    async fn event(&self, cluster: &MatrixOneCluster, type_: EventType, reason: &str, note: String) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &cluster.object_ref(&())).await {
+            tracing::warn!(error = %e, "publishing an event failed");
+        }
+    }
+}
+
+fn now_millis() -> Millis {
+    Millis(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    )
+}
+
+/// Starts the pod and node caches and runs the controller until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    admin: AdminClient,
+    metrics: Arc<Metrics>,
+    settings: Settings,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let pod_selector = format!(
+        "{}={}",
+        resources::LABEL_MANAGED_BY,
+        resources::MANAGED_BY
+    );
+    let (pods, pod_writer) = reflector::store();
+    let pod_watch = reflector(
+        pod_writer,
+        watcher(
+            scoped::<Pod>(&client, settings.namespace.as_deref()),
+            watcher::Config::default().labels(&pod_selector),
+        ),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(|_| futures::future::ready(()));
+    let (nodes, node_writer) = reflector::store();
+    let node_watch = reflector(
+        node_writer,
+        watcher(Api::<Node>::all(client.clone()), watcher::Config::default()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(|_| futures::future::ready(()));
+    tokio::spawn(pod_watch);
+    tokio::spawn(node_watch);
+    let _ = pods.wait_until_ready().await;
+    let _ = nodes.wait_until_ready().await;
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some(settings.instance.clone()),
+        },
+    );
+    let context = Arc::new(Context {
+        client: client.clone(),
+        admin,
+        metrics,
+        recorder,
+        pods,
+        nodes,
+        states: Mutex::new(BTreeMap::new()),
+        settings,
+    });
+    let clusters = scoped::<MatrixOneCluster>(&client, context.settings.namespace.as_deref());
+    Controller::new(clusters, watcher::Config::default())
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, context)
+        .for_each(|result| {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile failed");
+            }
+            futures::future::ready(())
+        })
+        .await;
+}
+
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as Resource>::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+fn error_policy(_cluster: Arc<MatrixOneCluster>, error: &Error, ctx: Arc<Context>) -> Requeue {
+    tracing::warn!(%error, "reconcile error; retrying");
+    Requeue::requeue(ctx.settings.tick)
+}
+
+async fn reconcile(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+    let started = Instant::now();
+    let ns = cluster.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let api: Api<MatrixOneCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    let result = finalizer(&api, FINALIZER, cluster, |event| async {
+        match event {
+            FinalizerEvent::Apply(cluster) => apply(cluster, ctx.clone()).await,
+            FinalizerEvent::Cleanup(cluster) => cleanup(cluster, ctx.clone()).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(e.to_string()));
+    ctx.metrics
+        .observe_reconcile(started.elapsed(), result.is_ok());
+    result
+}
+
+async fn cleanup(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+    let uid = cluster.uid().ok_or(Error::Incomplete("uid"))?;
+    ctx.forget(&uid);
+    let labels = cluster_labels(&cluster);
+    ctx.metrics.rollout_phase.remove(&labels);
+    ctx.metrics.rollout_halted.remove(&labels);
+    ctx.metrics.holds.remove(&labels);
+    ctx.event(
+        &cluster,
+        EventType::Normal,
+        "Deleting",
+        "owned objects are removed by the garbage collector (graceful pod deletion)".into(),
+    )
+    .await;
+    Ok(Requeue::await_change())
+}
+
+fn cluster_labels(cluster: &MatrixOneCluster) -> ClusterLabels {
+    ClusterLabels {
+        namespace: cluster.namespace().unwrap_or_default(),
+        cluster: cluster.name_any(),
+    }
+}
+
+async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+    let ns = cluster.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let name = cluster.name_any();
+    let uid = cluster.uid().ok_or(Error::Incomplete("uid"))?;
+    let state = ctx.state(&uid);
+    let mut state = state.lock().await;
+    let api: Api<MatrixOneCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    let previous = cluster.status.clone().unwrap_or_default();
+
+    // What the schema cannot say (a strategy cycle through three components) stops here.
+    let (strategy, config) = match (cluster.spec.strategy(), cluster.spec.safe_config()) {
+        (Ok(s), Ok(c)) => (s, c),
+        (Err(e), _) | (_, Err(e)) => {
+            let status = status::invalid_spec(&cluster, &previous, &e.to_string());
+            if state.last_status.as_ref() != Some(&status) {
+                patch_status(&api, &name, &status).await?;
+                ctx.event(&cluster, EventType::Warning, "InvalidSpec", e.to_string())
+                    .await;
+                state.last_status = Some(status);
+            }
+            return Ok(Requeue::requeue(ctx.settings.tick * 10));
+        }
+    };
+    if state.policy.is_none() || state.config.as_ref() != Some(&config) {
+        // A restarted operator (or a changed spec) resumes from the persisted record.
+        let record = state
+            .policy
+            .as_ref()
+            .and_then(|p| p.progress_record())
+            .or_else(|| previous.progress.clone());
+        state.policy = Some(match record {
+            Some(record) => SafePolicy::resume(config.clone(), &record),
+            None => SafePolicy::new(config.clone()),
+        });
+        state.config = Some(config);
+    }
+
+    let mut templates = previous.template_versions.clone();
+    for c in Component::ALL {
+        templates
+            .entry(c.as_str().to_string())
+            .or_insert_with(|| cluster.spec.version.clone());
+    }
+    if previous.template_versions != templates {
+        // Recorded before the first object is created from it.
+        let mut first = previous.clone();
+        first.template_versions = templates.clone();
+        patch_status(&api, &name, &first).await?;
+    }
+
+    let pods: Vec<Pod> = ctx
+        .pods
+        .state()
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()))
+        .filter(|p| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_CLUSTER))
+                == Some(&name)
+        })
+        .map(|p| (**p).clone())
+        .collect();
+    ensure_children(&cluster, &templates, &pods, &mut state, &ctx).await?;
+
+    let nodes: Vec<Node> = ctx.nodes.state().iter().map(|n| (**n).clone()).collect();
+    let kernel = ctx.admin.kernel_view(&ns, &name).await;
+    if kernel.hakeeper.is_err() {
+        ctx.metrics
+            .kernel_unreachable
+            .get_or_create(&cluster_labels(&cluster))
+            .inc();
+    }
+    let now = now_millis();
+    let observation = observation::build(now, &cluster, &pods, &nodes, kernel, strategy);
+    let results = std::mem::take(&mut state.results);
+    let state = &mut *state;
+    let policy = state.policy.as_mut().expect("set above");
+    let decision = policy.decide(PolicyInput {
+        observation: &observation,
+        results: &results,
+    });
+
+    // Record first: the progress record and every template version an action will change.
+    for action in &decision.actions {
+        if let Action::RestartPod { pod, version, .. } = action
+            && let Some(component) = observation.pod(pod).map(|p| p.component)
+        {
+            templates.insert(component.as_str().to_string(), version.clone());
+        }
+    }
+    let new_status = status::build(
+        &cluster,
+        &previous,
+        &observation,
+        policy,
+        &templates,
+        &pods,
+    );
+    if state.last_status.as_ref() != Some(&new_status) || !decision.actions.is_empty() {
+        patch_status(&api, &name, &new_status).await?;
+        state.last_status = Some(new_status.clone());
+    }
+    update_gauges(&ctx.metrics, &cluster, &new_status, policy);
+
+    for note in &decision.notes {
+        let (type_, reason, text) = describe_note(note);
+        ctx.event(&cluster, type_, reason, text).await;
+    }
+    let mut results = Vec::with_capacity(decision.actions.len());
+    for action in decision.actions {
+        let result = execute(&ctx, &cluster, &templates, &pods, &action).await;
+        let kind = action_kind(&action);
+        ctx.metrics
+            .actions
+            .get_or_create(&ActionLabels {
+                action: kind.into(),
+                result: if result.is_ok() { "ok" } else { "error" }.into(),
+            })
+            .inc();
+        match &result {
+            Ok(_) => {
+                tracing::info!(cluster = %name, action = ?action, "carried out");
+                if matches!(action, Action::DeletePod { .. } | Action::RestartPod { .. }) {
+                    ctx.event(&cluster, EventType::Normal, kind, describe_action(&action))
+                        .await;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(cluster = %name, action = ?action, error = %e, "action failed; the core re-checks before retrying");
+                ctx.event(
+                    &cluster,
+                    EventType::Warning,
+                    "ActionFailed",
+                    format!("{}: {e}", describe_action(&action)),
+                )
+                .await;
+            }
+        }
+        results.push(ActionResult { action, result });
+    }
+    state.results = results;
+    Ok(Requeue::requeue(ctx.settings.tick))
+}
+
+async fn patch_status(
+    api: &Api<MatrixOneCluster>,
+    name: &str,
+    status: &MatrixOneClusterStatus,
+) -> Result<(), Error> {
+    #[derive(Serialize, Debug)]
+    struct Body<'a> {
+        status: &'a MatrixOneClusterStatus,
+    }
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&Body { status }),
+    )
+    .await?;
+    Ok(())
+}
+
+fn hash_of(value: &impl Serialize) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(value)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Server-side apply of Services, the ConfigMap and the StatefulSets (only when they changed,
+/// or now and then to repair drift); CN pods the spec asks for are created when missing.
+async fn ensure_children(
+    cluster: &MatrixOneCluster,
+    templates: &BTreeMap<String, String>,
+    pods: &[Pod],
+    state: &mut ClusterState,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let ns = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let version_of = |c: Component| {
+        templates
+            .get(c.as_str())
+            .cloned()
+            .unwrap_or_else(|| cluster.spec.version.clone())
+    };
+    let services: Vec<Service> = Component::ALL
+        .iter()
+        .map(|c| resources::headless_service(cluster, *c))
+        .collect();
+    let config = resources::config_map(cluster);
+    let sets: Vec<StatefulSet> = [Component::Log, Component::Tn, Component::Proxy]
+        .iter()
+        .map(|c| resources::statefulset(cluster, *c, &version_of(*c)))
+        .collect();
+    let hash = hash_of(&(&services, &config, &sets));
+    let due = state
+        .applied
+        .is_none_or(|(h, at)| h != hash || at.elapsed() >= ctx.settings.reapply_every);
+    if due {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let svc_api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+        for s in &services {
+            svc_api
+                .patch(&s.name_any(), &params, &Patch::Apply(s))
+                .await?;
+        }
+        let cm_api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+        cm_api
+            .patch(&config.name_any(), &params, &Patch::Apply(&config))
+            .await?;
+        let sts_api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
+        for s in &sets {
+            sts_api
+                .patch(&s.name_any(), &params, &Patch::Apply(s))
+                .await?;
+        }
+        state.applied = Some((hash, Instant::now()));
+    }
+    let pod_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let existing: Vec<String> = pods.iter().filter_map(|p| p.metadata.name.clone()).collect();
+    for group in &cluster.spec.cn.groups {
+        for ordinal in 0..group.replicas {
+            let pod_name = resources::pod_name(&name, &format!("{}-{ordinal}", group.name));
+            if existing.contains(&pod_name) {
+                continue;
+            }
+            let pod = resources::cn_pod(cluster, &group.name, ordinal, &version_of(Component::Cn));
+            match pod_api.create(&PostParams::default(), &pod).await {
+                Ok(_) => tracing::info!(pod = %pod_name, "created CN pod"),
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    // Pre-pull pods that finished have done their job.
+    for pod in pods {
+        let is_prepull = pod
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(LABEL_PREPULL));
+        let finished = matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded") | Some("Failed")
+        );
+        if is_prepull && finished && pod.metadata.deletion_timestamp.is_none() {
+            let _ = pod_api
+                .delete(&pod.name_any(), &DeleteParams::default())
+                .await;
+        }
+    }
+    Ok(())
+}
+
+fn uid_guard(uid: &str) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    }
+}
+
+fn delete_error(pod: &str, e: kube::Error) -> ActionError {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => ActionError::DoesNotExist(format!("pod {pod}")),
+        kube::Error::Api(s) if s.code == 409 => {
+            ActionError::Conflict(format!("pod {pod} is another instance now: {}", s.message))
+        }
+        kube::Error::Api(s) if s.code == 429 => {
+            ActionError::Unavailable(format!("pod {pod}: {}", s.message))
+        }
+        other => ActionError::Unavailable(format!("pod {pod}: {other}")),
+    }
+}
+
+async fn execute(
+    ctx: &Context,
+    cluster: &MatrixOneCluster,
+    templates: &BTreeMap<String, String>,
+    pods: &[Pod],
+    action: &Action,
+) -> Result<ActionOutput, ActionError> {
+    let ns = cluster.namespace().unwrap_or_default();
+    let pod_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    match action {
+        // Graceful: the pod's own grace period; never 0, never without the UID guard.
+        Action::DeletePod { pod, uid, .. } => pod_api
+            .delete(pod, &uid_guard(uid))
+            .await
+            .map(|_| ActionOutput::Done)
+            .map_err(|e| delete_error(pod, e)),
+        Action::RestartPod { pod, uid, version } => {
+            let component = pods
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(pod.as_str()))
+                .and_then(component_of)
+                .ok_or_else(|| ActionError::DoesNotExist(format!("pod {pod}")))?;
+            if component != Component::Cn {
+                // The workload recreates the pod from its template: the new version first.
+                let sts_api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
+                let mut templates = templates.clone();
+                templates.insert(component.as_str().into(), version.clone());
+                let sts = resources::statefulset(cluster, component, version);
+                sts_api
+                    .patch(
+                        &sts.name_any(),
+                        &PatchParams::apply(FIELD_MANAGER).force(),
+                        &Patch::Apply(&sts),
+                    )
+                    .await
+                    .map_err(|e| ActionError::Unavailable(format!("statefulset: {e}")))?;
+            }
+            pod_api
+                .delete(pod, &uid_guard(uid))
+                .await
+                .map(|_| ActionOutput::Done)
+                .map_err(|e| delete_error(pod, e))
+        }
+        Action::PrePullImage { node, version } => {
+            let pod = resources::prepull_pod(cluster, node, version);
+            match pod_api.create(&PostParams::default(), &pod).await {
+                Ok(_) => Ok(ActionOutput::Done),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(ActionOutput::Done),
+                Err(e) => Err(ActionError::Unavailable(format!("pre-pull pod: {e}"))),
+            }
+        }
+        kernel_call => {
+            ctx.admin
+                .call(&ns, &cluster.name_any(), kernel_call)
+                .await
+        }
+    }
+}
+
+fn action_kind(action: &Action) -> &'static str {
+    match action {
+        Action::SetCnWorkState { .. } => "SetCnWorkState",
+        Action::SetRestartService { .. } => "SetRestartService",
+        Action::DeleteCnStore { .. } => "DeleteCnStore",
+        Action::DeletePod { .. } => "DeletePod",
+        Action::RestartPod { .. } => "RestartPod",
+        Action::PrePullImage { .. } => "PrePullImage",
+        Action::TransferLogLeader { .. } => "TransferLogLeader",
+        Action::SetTnWalTolerance { .. } => "SetTnWalTolerance",
+        Action::BeginDrain { .. } => "BeginDrain",
+        Action::CancelDrain { .. } => "CancelDrain",
+    }
+}
+
+fn describe_action(action: &Action) -> String {
+    match action {
+        Action::DeletePod { pod, uid, reason } => {
+            format!("deleting pod {pod} (uid {uid}): {reason}")
+        }
+        Action::RestartPod { pod, uid, version } => {
+            format!("restarting pod {pod} (uid {uid}) on version {version}")
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+fn describe_note(note: &PolicyNote) -> (EventType, &'static str, String) {
+    match note {
+        PolicyNote::PhaseStarted { component } => (
+            EventType::Normal,
+            "RolloutPhaseStarted",
+            format!("{component} phase started"),
+        ),
+        PolicyNote::PhaseFinished { component } => (
+            EventType::Normal,
+            "RolloutPhaseFinished",
+            format!("{component} phase finished; its gate holds"),
+        ),
+        PolicyNote::UpgradeFinished => (
+            EventType::Normal,
+            "UpgradeFinished",
+            "every component runs the target version and every gate holds".into(),
+        ),
+        PolicyNote::Holding { subject, reason } => {
+            let warning = reason.starts_with("halted")
+                || reason.starts_with("rolled back")
+                || reason.starts_with("ALARM");
+            (
+                if warning {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
+                "Holding",
+                format!("{subject}: {reason}"),
+            )
+        }
+        PolicyNote::Released { subject, reason } => (
+            EventType::Normal,
+            "DrainConfirmed",
+            format!("{subject}: {reason}"),
+        ),
+    }
+}
+
+fn update_gauges(
+    metrics: &Metrics,
+    cluster: &MatrixOneCluster,
+    status: &MatrixOneClusterStatus,
+    policy: &SafePolicy,
+) {
+    let labels = cluster_labels(cluster);
+    let record = policy.record();
+    let phase = record.rollout.as_ref().map_or(-1, |r| match r.status {
+        mo_core::rollout::RolloutStatus::Complete => r.phases.len() as i64,
+        _ => r.phase as i64,
+    });
+    metrics.rollout_phase.get_or_create(&labels).set(phase);
+    let halted = record.rollout.as_ref().is_some_and(|r| {
+        matches!(
+            r.status,
+            mo_core::rollout::RolloutStatus::Halted { .. }
+                | mo_core::rollout::RolloutStatus::RolledBack { .. }
+        )
+    });
+    metrics
+        .rollout_halted
+        .get_or_create(&labels)
+        .set(i64::from(halted));
+    metrics
+        .holds
+        .get_or_create(&labels)
+        .set(policy.holds().len() as i64);
+    let mut by_stage: BTreeMap<String, i64> = BTreeMap::new();
+    for d in &status.drains {
+        *by_stage.entry(d.stage.clone()).or_default() += 1;
+    }
+    for stage in ["MarkDraining", "MigrateSessions", "HandOver", "Confirmed", "Released", "Cancelling"] {
+        metrics
+            .drains
+            .get_or_create(&DrainLabels {
+                namespace: labels.namespace.clone(),
+                cluster: labels.cluster.clone(),
+                stage: stage.into(),
+            })
+            .set(by_stage.get(stage).copied().unwrap_or(0));
+    }
+}
+
+/// The pods of a cluster as the controller's cache sees them (for tests and tools).
+pub fn pods_of<'a>(cluster: &str, pods: &'a [Pod]) -> Vec<&'a Pod> {
+    cluster_pods(cluster, pods).collect()
+}

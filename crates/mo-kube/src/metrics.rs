@@ -1,0 +1,170 @@
+//! Prometheus metrics, plus exact reconcile-latency percentiles for the bench figures.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::Duration;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    pub action: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterLabels {
+    pub namespace: String,
+    pub cluster: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DrainLabels {
+    pub namespace: String,
+    pub cluster: String,
+    pub stage: String,
+}
+
+/// Samples kept for the percentile endpoint.
+const LATENCY_SAMPLES: usize = 20_000;
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub reconciles: Family<ResultLabel, Counter>,
+    pub reconcile_seconds: Histogram,
+    pub actions: Family<ActionLabels, Counter>,
+    /// Index of the rollout's current phase (−1: none, phases count: complete).
+    pub rollout_phase: Family<ClusterLabels, Gauge>,
+    pub rollout_halted: Family<ClusterLabels, Gauge>,
+    /// Things the core holds back now (a rollout gate, drains waiting for confirmation).
+    pub holds: Family<ClusterLabels, Gauge>,
+    pub drains: Family<DrainLabels, Gauge>,
+    /// Readings of the kernel that failed (uncertainty the core holds on).
+    pub kernel_unreachable: Family<ClusterLabels, Counter>,
+    pub leader: Gauge,
+    latencies: Mutex<VecDeque<Duration>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("mo_operator");
+        let reconciles = Family::<ResultLabel, Counter>::default();
+        let reconcile_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        let actions = Family::<ActionLabels, Counter>::default();
+        let rollout_phase = Family::<ClusterLabels, Gauge>::default();
+        let rollout_halted = Family::<ClusterLabels, Gauge>::default();
+        let holds = Family::<ClusterLabels, Gauge>::default();
+        let drains = Family::<DrainLabels, Gauge>::default();
+        let kernel_unreachable = Family::<ClusterLabels, Counter>::default();
+        let leader = Gauge::default();
+        registry.register("reconciles", "Reconciliations by result", reconciles.clone());
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time of one reconciliation",
+            reconcile_seconds.clone(),
+        );
+        registry.register("actions", "Decision-core actions carried out, by result", actions.clone());
+        registry.register(
+            "rollout_phase",
+            "Index of the current rollout phase (-1 none)",
+            rollout_phase.clone(),
+        );
+        registry.register("rollout_halted", "1 while a rollout is halted", rollout_halted.clone());
+        registry.register("holds", "Gates and drains the core is holding on", holds.clone());
+        registry.register("drains", "Drains by stage", drains.clone());
+        registry.register(
+            "kernel_unreachable",
+            "Kernel readings that failed (the core holds)",
+            kernel_unreachable.clone(),
+        );
+        registry.register("leader", "1 while this replica holds the leader lease", leader.clone());
+        Metrics {
+            registry,
+            reconciles,
+            reconcile_seconds,
+            actions,
+            rollout_phase,
+            rollout_halted,
+            holds,
+            drains,
+            kernel_unreachable,
+            leader,
+            latencies: Mutex::new(VecDeque::with_capacity(LATENCY_SAMPLES)),
+        }
+    }
+
+    pub fn observe_reconcile(&self, took: Duration, ok: bool) {
+        self.reconcile_seconds.observe(took.as_secs_f64());
+        self.reconciles
+            .get_or_create(&ResultLabel {
+                result: if ok { "ok" } else { "error" }.into(),
+            })
+            .inc();
+        let mut samples = self.latencies.lock().expect("latency lock");
+        if samples.len() == LATENCY_SAMPLES {
+            samples.pop_front();
+        }
+        samples.push_back(took);
+    }
+
+    /// p50 and p99 of the last reconciliations, in milliseconds, and the sample count.
+    pub fn latency_percentiles(&self) -> (f64, f64, usize) {
+        let mut samples: Vec<Duration> = self
+            .latencies
+            .lock()
+            .expect("latency lock")
+            .iter()
+            .copied()
+            .collect();
+        if samples.is_empty() {
+            return (0.0, 0.0, 0);
+        }
+        samples.sort();
+        let at = |q: f64| {
+            let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
+            samples[i].as_secs_f64() * 1000.0
+        };
+        (at(0.50), at(0.99), samples.len())
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_come_from_the_samples() {
+        let m = Metrics::new();
+        for ms in 1..=100 {
+            m.observe_reconcile(Duration::from_millis(ms), ms != 7);
+        }
+        let (p50, p99, n) = m.latency_percentiles();
+        assert_eq!(n, 100);
+        assert!((50.0..=51.0).contains(&p50), "{p50}");
+        assert!((99.0..=100.0).contains(&p99), "{p99}");
+        let text = m.encode();
+        assert!(text.contains("mo_operator_reconciles_total{result=\"error\"} 1"), "{text}");
+    }
+}

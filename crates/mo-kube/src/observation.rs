@@ -1,0 +1,248 @@
+//! From Kubernetes objects and the kernel's answers to the decision core's [`Observation`]:
+//! a pure function, so the mapping is tested without a cluster.
+
+use crate::crd::MatrixOneCluster;
+use crate::resources::{
+    ANNOTATION_VERSION, LABEL_CLUSTER, LABEL_COMPONENT, LABEL_PREPULL, pod_name, version_of_image,
+};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use mo_core::component::cn_uuid;
+use mo_core::{
+    Component, DesiredState, KernelView, Millis, Observation, PodObservation, PodPhase,
+    RemovalReason, RemovalRequest, UpgradeSpec,
+};
+use std::collections::BTreeMap;
+
+/// The MatrixOne pods of `cluster` among `pods` (pre-pull pods excluded).
+pub fn cluster_pods<'a>(cluster: &str, pods: &'a [Pod]) -> impl Iterator<Item = &'a Pod> {
+    pods.iter().filter(move |p| {
+        let labels = p.metadata.labels.as_ref();
+        labels.and_then(|l| l.get(LABEL_CLUSTER)).map(String::as_str) == Some(cluster)
+            && labels.is_some_and(|l| !l.contains_key(LABEL_PREPULL))
+    })
+}
+
+pub fn component_of(pod: &Pod) -> Option<Component> {
+    pod.metadata
+        .labels
+        .as_ref()?
+        .get(LABEL_COMPONENT)?
+        .parse()
+        .ok()
+}
+
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The version the container runs: the kubelet's report when there is one, else the spec.
+pub fn running_version(pod: &Pod) -> String {
+    let reported = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == "main"))
+        .and_then(|c| version_of_image(&c.image).map(str::to_string));
+    reported
+        .or_else(|| {
+            pod.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_VERSION).cloned())
+        })
+        .unwrap_or_default()
+}
+
+fn pod_observation(pod: &Pod, component: Component) -> PodObservation {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let status = pod.status.as_ref();
+    PodObservation {
+        cn_uuid: (component == Component::Cn).then(|| cn_uuid(&name)),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        component,
+        node: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default(),
+        phase: if status.and_then(|s| s.phase.as_deref()) == Some("Running") {
+            PodPhase::Running
+        } else {
+            PodPhase::Pending
+        },
+        ready: is_ready(pod),
+        version: running_version(pod),
+        terminating: pod.metadata.deletion_timestamp.is_some(),
+        restarts: status
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.name == "main"))
+            .map_or(0, |c| c.restart_count.max(0) as u32),
+        name,
+        pool_phase: None,
+    }
+}
+
+/// CN pods the spec no longer asks for (a group scaled in or removed): removal requests, each
+/// bound to the pod object it names.
+pub fn removals(cluster: &MatrixOneCluster, pods: &[Pod], now: Millis) -> Vec<RemovalRequest> {
+    let name = cluster.metadata.name.clone().unwrap_or_default();
+    let wanted: Vec<String> = cluster
+        .spec
+        .desired_pods()
+        .remove(&Component::Cn)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|short| pod_name(&name, &short))
+        .collect();
+    cluster_pods(&name, pods)
+        .filter(|p| component_of(p) == Some(Component::Cn))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            p.metadata
+                .name
+                .as_ref()
+                .is_some_and(|n| !wanted.contains(n))
+        })
+        .enumerate()
+        .map(|(i, p)| RemovalRequest {
+            id: i as u64,
+            pod: p.metadata.name.clone().unwrap_or_default(),
+            uid: p.metadata.uid.clone().unwrap_or_default(),
+            reason: RemovalReason::ScaleIn,
+            requested_at: now,
+        })
+        .collect()
+}
+
+/// One consistent look at `cluster` for the decision core.
+pub fn build(
+    now: Millis,
+    cluster: &MatrixOneCluster,
+    pods: &[Pod],
+    nodes: &[Node],
+    kernel: KernelView,
+    strategy: mo_core::Strategy,
+) -> Observation {
+    let name = cluster.metadata.name.clone().unwrap_or_default();
+    let pod_views = cluster_pods(&name, pods)
+        .filter_map(|p| component_of(p).map(|c| pod_observation(p, c)))
+        .collect();
+    let node_ready = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    let node_name = |n: &Node| n.metadata.name.clone().unwrap_or_default();
+    let repository = format!("{}:", cluster.spec.image);
+    let node_images: BTreeMap<String, Vec<String>> = nodes
+        .iter()
+        .map(|n| {
+            let versions = n
+                .status
+                .as_ref()
+                .and_then(|s| s.images.as_ref())
+                .into_iter()
+                .flatten()
+                .flat_map(|image| image.names.clone().unwrap_or_default())
+                .filter_map(|reference| reference.strip_prefix(&repository).map(str::to_string))
+                .collect();
+            (node_name(n), versions)
+        })
+        .collect();
+    Observation {
+        now,
+        pods: pod_views,
+        hakeeper: kernel.hakeeper,
+        lock_allocator: kernel.lock_allocator,
+        cn_activity: kernel.cn_activity,
+        proxy_routes: kernel.proxy_routes,
+        node_images,
+        unschedulable_nodes: nodes
+            .iter()
+            .filter(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) || !node_ready(n))
+            .map(node_name)
+            .collect(),
+        not_ready_nodes: nodes
+            .iter()
+            .filter(|n| !node_ready(n))
+            .map(node_name)
+            .collect(),
+        tn_wal_tolerance: kernel.tn_wal_tolerance,
+        desired: DesiredState {
+            upgrade: Some(UpgradeSpec {
+                target_version: cluster.spec.version.clone(),
+                strategy,
+            }),
+            removals: removals(cluster, pods, now),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::MatrixOneClusterSpec;
+    use mo_core::ObservationError;
+
+    fn cluster(replicas: i32) -> MatrixOneCluster {
+        let spec: MatrixOneClusterSpec = serde_json::from_value(serde_json::json!({
+            "version": "v2",
+            "log": {"replicas": 3},
+            "cn": {"groups": [{"name": "tp", "replicas": replicas}]},
+        }))
+        .expect("valid");
+        let mut c = MatrixOneCluster::new("mo", spec);
+        c.metadata.namespace = Some("ns".into());
+        c.metadata.uid = Some("c-uid".into());
+        c
+    }
+
+    fn pod(name: &str, component: &str, ready: bool, image: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "uid": format!("uid-{name}"),
+                "labels": {LABEL_CLUSTER: "mo", LABEL_COMPONENT: component}},
+            "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": image}]},
+            "status": {"phase": "Running",
+                "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}],
+                "containerStatuses": [{"name": "main", "image": image, "imageID": "", "ready": ready,
+                    "restartCount": 2}]}
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn pods_map_to_observations_with_versions_uuids_and_removals() {
+        let pods = vec![
+            pod("mo-log-0", "log", true, "matrixorigin/matrixone:v1"),
+            pod("mo-tp-0", "cn", true, "matrixorigin/matrixone:v2"),
+            pod("mo-tp-1", "cn", false, "matrixorigin/matrixone:v1"),
+            pod("other-tp-0", "cn", true, "matrixorigin/matrixone:v1"),
+        ];
+        let kernel = KernelView::unreachable(ObservationError::Timeout("admin".into()));
+        let obs = build(
+            Millis(5),
+            &cluster(1),
+            &pods,
+            &[],
+            kernel,
+            mo_core::Strategy::default_order(),
+        );
+        assert_eq!(obs.pods.len(), 3, "another cluster's pods are not ours");
+        let cn = obs.pod("mo-tp-1").expect("observed");
+        assert_eq!((cn.version.as_str(), cn.ready, cn.restarts), ("v1", false, 2));
+        assert_eq!(cn.cn_uuid.as_deref(), Some(cn_uuid("mo-tp-1").as_str()));
+        assert!(obs.pod("mo-log-0").expect("log").cn_uuid.is_none());
+        assert_eq!(obs.desired.removals.len(), 1);
+        assert_eq!(obs.desired.removals[0].pod, "mo-tp-1");
+        assert_eq!(obs.desired.removals[0].uid, "uid-mo-tp-1");
+        assert!(matches!(obs.hakeeper, Err(ObservationError::Timeout(_))));
+        assert_eq!(
+            obs.desired.upgrade.expect("always set").target_version,
+            "v2"
+        );
+    }
+}

@@ -1,0 +1,707 @@
+//! `mo-operator kubelet`: the simulated MatrixOne data plane attached to a real API server.
+//!
+//! It plays kubelet (and scheduler) for MatrixOne pods on fake Nodes: binds pending pods, runs
+//! the simulated LOG/TN/CN/Proxy processes behind them ([`mo_sim::attached`]), honours graceful
+//! deletion (the process shuts down in the model's order, then the object is removed), and
+//! reports pod and node status. It also serves the MatrixOne admin API the operator calls.
+//! Simulated time runs `--time-scale` times faster than the wall clock; durations crossing
+//! the admin API are converted to wall-clock time, so the operator sees a consistent world.
+
+use anyhow::{Context as _, Result};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use mo_core::component::cn_uuid;
+use mo_core::{Action, ActionError, ActionOutput, KernelView, Millis};
+use mo_kube::crd::MatrixOneCluster;
+use mo_kube::resources::{
+    ANNOTATION_VERSION, LABEL_CLUSTER, LABEL_MANAGED_BY, LABEL_PREPULL, MANAGED_BY,
+    version_of_image,
+};
+use mo_sim::Scenario;
+use mo_sim::attached::AttachedCluster;
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Fake nodes to create (`node-1` … `node-N`).
+    #[arg(long, default_value_t = 6)]
+    pub nodes: usize,
+    /// Simulated seconds per wall-clock second.
+    #[arg(long, default_value_t = 20.0)]
+    pub time_scale: f64,
+    /// Where the MatrixOne admin API listens.
+    #[arg(long, default_value = "127.0.0.1:9400")]
+    pub listen: String,
+    /// DML clients per cluster.
+    #[arg(long, default_value_t = 4)]
+    pub clients: usize,
+    /// Transactions per second per client.
+    #[arg(long, default_value_t = 5.0)]
+    pub txn_rate: f64,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+type Key = (String, String);
+
+struct SimCluster {
+    uid: String,
+    image: String,
+    model: AttachedCluster,
+    started: Instant,
+    /// Kubernetes CN UUID → the model's, and back (names differ by the cluster prefix).
+    uuid_to_model: BTreeMap<String, String>,
+    uuid_to_kube: BTreeMap<String, String>,
+    /// Last status written per pod UID (only changes are written).
+    written: BTreeMap<String, serde_json::Value>,
+    /// Pods known to the model, by UID → short name.
+    bound: BTreeMap<String, String>,
+}
+
+impl SimCluster {
+    fn prefix(key: &Key) -> String {
+        format!("{}-", key.1)
+    }
+
+    fn learn_cn(&mut self, key: &Key, short: &str) {
+        let kube = cn_uuid(&format!("{}{short}", Self::prefix(key)));
+        let model = cn_uuid(short);
+        self.uuid_to_model.insert(kube.clone(), model.clone());
+        self.uuid_to_kube.insert(model, kube);
+    }
+}
+
+pub struct DataPlane {
+    clusters: Mutex<BTreeMap<Key, SimCluster>>,
+    args: Args,
+}
+
+impl DataPlane {
+    fn scale(&self) -> f64 {
+        self.args.time_scale.max(0.001)
+    }
+
+    fn advance(&self, sim: &mut SimCluster) {
+        let t = sim.started.elapsed().as_secs_f64() * self.scale() * 1000.0;
+        sim.model.advance_to(Millis(t as u64));
+    }
+
+    fn to_wall(&self, m: Millis) -> Millis {
+        Millis((m.0 as f64 / self.scale()) as u64)
+    }
+
+    fn to_model(&self, m: Millis) -> Millis {
+        Millis((m.0 as f64 * self.scale()) as u64)
+    }
+
+    fn scenario(&self, cluster: &MatrixOneCluster) -> Result<Scenario> {
+        let spec = &cluster.spec;
+        let groups: Vec<serde_json::Value> = spec
+            .cn
+            .groups
+            .iter()
+            .map(|g| json!({"name": g.name, "replicas": g.replicas}))
+            .collect();
+        let doc = json!({
+            "name": cluster.name_any(),
+            "seed": self.args.seed,
+            "duration": "1000h",
+            "policy": "safe",
+            "topology": {
+                "version": spec.version,
+                "nodes": self.args.nodes,
+                "log_replicas": spec.log.replicas,
+                "tn_replicas": spec.tn.replicas,
+                "cn_groups": groups,
+                "proxy_replicas": spec.proxy.replicas,
+            },
+            "workload": {
+                "clients": self.args.clients,
+                "txn_rate": self.args.txn_rate,
+                "tables": ["t1", "t2", "t3"],
+            },
+        });
+        let yaml = serde_yaml_ng::to_string(&doc)?;
+        Scenario::from_yaml(&yaml).map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
+    /// The kernel's answers with names, UUIDs and durations as the operator knows them.
+    fn kernel_view(&self, key: &Key, sim: &mut SimCluster) -> KernelView {
+        self.advance(sim);
+        let prefix = SimCluster::prefix(key);
+        let mut view = sim.model.kernel_view();
+        if let Ok(details) = view.hakeeper.as_mut() {
+            for cn in &mut details.cns {
+                cn.uuid = sim
+                    .uuid_to_kube
+                    .get(&cn.uuid)
+                    .cloned()
+                    .unwrap_or_else(|| cn.uuid.clone());
+                cn.heartbeat_age = self.to_wall(cn.heartbeat_age);
+            }
+            for tn in &mut details.tns {
+                tn.heartbeat_age = self.to_wall(tn.heartbeat_age);
+            }
+            for shard in &mut details.log_shards {
+                shard.leader = shard.leader.as_ref().map(|l| format!("{prefix}{l}"));
+                for r in &mut shard.replicas {
+                    r.store = format!("{prefix}{}", r.store);
+                }
+            }
+        }
+        if let Ok(allocator) = view.lock_allocator.as_mut() {
+            allocator.restarting = std::mem::take(&mut allocator.restarting)
+                .into_iter()
+                .map(|(u, a)| (sim.uuid_to_kube.get(&u).cloned().unwrap_or(u), a))
+                .collect();
+        }
+        view.cn_activity = std::mem::take(&mut view.cn_activity)
+            .into_iter()
+            .map(|(k, v)| (format!("{prefix}{k}"), v))
+            .collect();
+        view.proxy_routes = std::mem::take(&mut view.proxy_routes)
+            .into_iter()
+            .map(|(k, v)| (format!("{prefix}{k}"), v))
+            .collect();
+        view.tn_wal_tolerance = view.tn_wal_tolerance.map(|t| self.to_wall(t));
+        view
+    }
+
+    fn call(&self, key: &Key, sim: &mut SimCluster, action: Action) -> Result<ActionOutput, ActionError> {
+        self.advance(sim);
+        let prefix = SimCluster::prefix(key);
+        let model_uuid = |u: &str| sim.uuid_to_model.get(u).cloned().unwrap_or_else(|| u.to_string());
+        let action = match action {
+            Action::SetCnWorkState { uuid, state } => Action::SetCnWorkState {
+                uuid: model_uuid(&uuid),
+                state,
+            },
+            Action::SetRestartService { uuid } => Action::SetRestartService {
+                uuid: model_uuid(&uuid),
+            },
+            Action::DeleteCnStore { uuid } => Action::DeleteCnStore {
+                uuid: model_uuid(&uuid),
+            },
+            Action::BeginDrain { uuid, start_epoch } => Action::BeginDrain {
+                uuid: model_uuid(&uuid),
+                start_epoch,
+            },
+            Action::TransferLogLeader { shard_id, to_store } => Action::TransferLogLeader {
+                shard_id,
+                to_store: to_store
+                    .strip_prefix(&prefix)
+                    .unwrap_or(&to_store)
+                    .to_string(),
+            },
+            Action::SetTnWalTolerance { total } => Action::SetTnWalTolerance {
+                total: total.map(|t| self.to_model(t)),
+            },
+            other => other,
+        };
+        sim.model.admin_call(&action)
+    }
+}
+
+/// Runs the data plane until the process is stopped.
+pub async fn run(args: Args) -> Result<()> {
+    let client = Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (KUBECONFIG)")?;
+    ensure_nodes(&client, args.nodes).await?;
+    let plane = Arc::new(DataPlane {
+        clusters: Mutex::new(BTreeMap::new()),
+        args: args.clone(),
+    });
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(listen = %args.listen, time_scale = args.time_scale, "simulated data plane serving the admin API");
+    let app = Router::new()
+        .route(
+            "/v1/namespaces/{ns}/clusters/{name}/kernel",
+            get(kernel_handler),
+        )
+        .route(
+            "/v1/namespaces/{ns}/clusters/{name}/calls",
+            post(call_handler),
+        )
+        .route(
+            "/v1/namespaces/{ns}/clusters/{name}/report",
+            get(report_handler),
+        )
+        .route(
+            "/v1/namespaces/{ns}/clusters/{name}/faults",
+            post(fault_handler),
+        )
+        .with_state(plane.clone());
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "admin API stopped");
+        }
+    });
+
+    let (clusters, cluster_writer) = reflector::store::<MatrixOneCluster>();
+    tokio::spawn(
+        reflector(
+            cluster_writer,
+            watcher(Api::<MatrixOneCluster>::all(client.clone()), watcher::Config::default()),
+        )
+        .default_backoff()
+        .touched_objects()
+        .for_each(|_| futures::future::ready(())),
+    );
+    let (pods, pod_writer) = reflector::store::<Pod>();
+    tokio::spawn(
+        reflector(
+            pod_writer,
+            watcher(
+                Api::<Pod>::all(client.clone()),
+                watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}")),
+            ),
+        )
+        .default_backoff()
+        .touched_objects()
+        .for_each(|_| futures::future::ready(())),
+    );
+    let (nodes, node_writer) = reflector::store::<Node>();
+    tokio::spawn(
+        reflector(
+            node_writer,
+            watcher(Api::<Node>::all(client.clone()), watcher::Config::default()),
+        )
+        .default_backoff()
+        .touched_objects()
+        .for_each(|_| futures::future::ready(())),
+    );
+    clusters.wait_until_ready().await?;
+    pods.wait_until_ready().await?;
+    nodes.wait_until_ready().await?;
+    let mut images_written: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut next_node = 0usize;
+    loop {
+        if let Err(e) = tick(&plane, &client, &clusters, &pods, &nodes, &mut images_written, &mut next_node).await {
+            tracing::warn!(error = %e, "data plane tick failed");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn ensure_nodes(client: &Client, count: usize) -> Result<()> {
+    let api: Api<Node> = Api::all(client.clone());
+    for i in 1..=count {
+        let name = format!("node-{i}");
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(BTreeMap::from([
+                    ("ops.matrixorigin.io/simulated".to_string(), "true".to_string()),
+                    ("kubernetes.io/hostname".to_string(), name.clone()),
+                ])),
+                ..ObjectMeta::default()
+            },
+            ..Node::default()
+        };
+        match api.create(&PostParams::default(), &node).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e).context("creating a fake node"),
+        }
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let status = json!({"status": {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                "message": "simulated kubelet", "lastHeartbeatTime": now, "lastTransitionTime": now}],
+            "capacity": {"cpu": "64", "memory": "256Gi", "pods": "250"},
+            "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "250"},
+            "addresses": [{"type": "InternalIP", "address": format!("10.0.0.{i}")}],
+        }});
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .context("marking a fake node Ready")?;
+    }
+    Ok(())
+}
+
+fn short_name<'a>(key: &Key, pod: &'a str) -> Option<&'a str> {
+    pod.strip_prefix(&SimCluster::prefix(key))
+}
+
+fn pod_version(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.as_deref())
+        .and_then(version_of_image)
+        .map(str::to_string)
+        .or_else(|| {
+            pod.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_VERSION).cloned())
+        })
+        .unwrap_or_default()
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn tick(
+    plane: &DataPlane,
+    client: &Client,
+    clusters: &Store<MatrixOneCluster>,
+    pods: &Store<Pod>,
+    nodes: &Store<Node>,
+    images_written: &mut BTreeMap<String, BTreeSet<String>>,
+    next_node: &mut usize,
+) -> Result<()> {
+    // Clusters appear and go.
+    let live: BTreeMap<Key, Arc<MatrixOneCluster>> = clusters
+        .state()
+        .into_iter()
+        .filter_map(|c| Some(((c.namespace()?, c.name_any()), c)))
+        .collect();
+    {
+        let mut sims = plane.clusters.lock().expect("clusters lock");
+        sims.retain(|key, sim| live.get(key).and_then(|c| c.uid()).as_deref() == Some(sim.uid.as_str()));
+        for (key, cluster) in &live {
+            if sims.contains_key(key) {
+                continue;
+            }
+            let scenario = plane.scenario(cluster)?;
+            let mut sim = SimCluster {
+                uid: cluster.uid().unwrap_or_default(),
+                image: cluster.spec.image.clone(),
+                model: AttachedCluster::new(scenario.clone()),
+                started: Instant::now(),
+                uuid_to_model: BTreeMap::new(),
+                uuid_to_kube: BTreeMap::new(),
+                written: BTreeMap::new(),
+                bound: BTreeMap::new(),
+            };
+            for short in scenario.cn_pod_names() {
+                sim.learn_cn(key, &short);
+            }
+            tracing::info!(namespace = %key.0, cluster = %key.1, "attached a simulated cluster");
+            sims.insert(key.clone(), sim);
+        }
+    }
+    let schedulable: Vec<String> = {
+        let mut v: Vec<String> = nodes
+            .state()
+            .iter()
+            .filter(|n| n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true))
+            .filter(|n| {
+                n.metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key("ops.matrixorigin.io/simulated"))
+            })
+            .map(|n| n.name_any())
+            .collect();
+        v.sort();
+        v
+    };
+    let all_pods = pods.state();
+    let mut writes: Vec<(String, String, serde_json::Value)> = Vec::new();
+    let mut removals: Vec<(String, String, String)> = Vec::new();
+    let mut bindings: Vec<(String, String, String)> = Vec::new();
+    {
+        let mut sims = plane.clusters.lock().expect("clusters lock");
+        for (key, sim) in sims.iter_mut() {
+            plane.advance(sim);
+            let mine: Vec<&Arc<Pod>> = all_pods
+                .iter()
+                .filter(|p| p.namespace().as_deref() == Some(key.0.as_str()))
+                .filter(|p| {
+                    p.metadata.labels.as_ref().and_then(|l| l.get(LABEL_CLUSTER)) == Some(&key.1)
+                })
+                .collect();
+            let mut seen: BTreeSet<String> = BTreeSet::new();
+            for pod in &mine {
+                let uid = pod.uid().unwrap_or_default();
+                seen.insert(uid.clone());
+                let name = pod.name_any();
+                let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+                let is_prepull = pod
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key(LABEL_PREPULL));
+                if is_prepull {
+                    let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+                    if phase.as_deref() == Some("Succeeded") {
+                        continue;
+                    }
+                    let version = pod_version(pod);
+                    let Some(node) = node else { continue };
+                    let _ = sim.model.admin_call(&Action::PrePullImage {
+                        node: node.clone(),
+                        version: version.clone(),
+                    });
+                    let present = sim
+                        .model
+                        .node_images()
+                        .get(&node)
+                        .is_some_and(|v| v.contains(&version));
+                    if present {
+                        writes.push((key.0.clone(), name, json!({"status": {"phase": "Succeeded"}})));
+                    }
+                    continue;
+                }
+                let Some(short) = short_name(key, &name).map(str::to_string) else {
+                    continue;
+                };
+                let Some(node) = node else {
+                    if pod.metadata.deletion_timestamp.is_none() && !schedulable.is_empty() {
+                        let target = schedulable[*next_node % schedulable.len()].clone();
+                        *next_node += 1;
+                        bindings.push((key.0.clone(), name, target));
+                    }
+                    continue;
+                };
+                if !sim.bound.contains_key(&uid) {
+                    match sim.model.pod_bound(&short, &uid, &node, &pod_version(pod)) {
+                        Ok(()) => {
+                            sim.bound.insert(uid.clone(), short.clone());
+                            if pod
+                                .metadata
+                                .labels
+                                .as_ref()
+                                .and_then(|l| l.get(mo_kube::resources::LABEL_COMPONENT))
+                                .map(String::as_str)
+                                == Some("cn")
+                            {
+                                sim.learn_cn(key, &short);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(pod = %name, error = %e, "cannot run this pod");
+                            continue;
+                        }
+                    }
+                }
+                if pod.metadata.deletion_timestamp.is_some() {
+                    sim.model.pod_deleting(&short, &uid);
+                }
+            }
+            // Objects gone without us finishing them: force-deleted.
+            let vanished: Vec<(String, String)> = sim
+                .bound
+                .iter()
+                .filter(|(uid, _)| !seen.contains(*uid))
+                .map(|(u, s)| (u.clone(), s.clone()))
+                .collect();
+            for (uid, short) in vanished {
+                sim.model.pod_vanished(&short, &uid);
+                sim.bound.remove(&uid);
+                sim.written.remove(&uid);
+            }
+            plane.advance(sim);
+            let image = sim.image.clone();
+            for report in sim.model.pod_reports() {
+                if !sim.bound.contains_key(&report.uid) {
+                    continue;
+                }
+                let name = format!("{}{}", SimCluster::prefix(key), report.name);
+                if report.terminated {
+                    removals.push((key.0.clone(), name, report.uid.clone()));
+                    continue;
+                }
+                let status = pod_status(&report, &image);
+                if sim.written.get(&report.uid) != Some(&status) {
+                    sim.written.insert(report.uid.clone(), status.clone());
+                    writes.push((key.0.clone(), name, json!({"status": status})));
+                }
+            }
+        }
+    }
+    for (ns, name, node) in bindings {
+        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let binding = Binding {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            },
+            target: ObjectReference {
+                kind: Some("Node".into()),
+                name: Some(node),
+                api_version: Some("v1".into()),
+                ..ObjectReference::default()
+            },
+        };
+        if let Err(e) = api
+            .create_subresource::<Binding, serde_json::Value>(
+                "binding",
+                &name,
+                &PostParams::default(),
+                &binding,
+            )
+            .await
+        {
+            tracing::debug!(pod = %name, error = %e, "binding failed (retried)");
+        }
+    }
+    for (ns, name, status) in writes {
+        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        if let Err(e) = api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+        {
+            tracing::debug!(pod = %name, error = %e, "status write failed (retried)");
+        }
+    }
+    for (ns, name, uid) in removals {
+        // The kubelet's own finalization: the containers have exited.
+        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: Some(uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) | Err(kube::Error::Api(_)) => {
+                let mut sims = plane.clusters.lock().expect("clusters lock");
+                for (k, sim) in sims.iter_mut() {
+                    if k.0 == ns
+                        && let Some(short) = sim.bound.remove(&uid)
+                    {
+                        sim.model.pod_removed(&short, &uid);
+                        sim.written.remove(&uid);
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(pod = %name, error = %e, "finalizing failed (retried)"),
+        }
+    }
+    // Node images: what the simulated nodes hold, as image references.
+    let mut images: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    {
+        let sims = plane.clusters.lock().expect("clusters lock");
+        for sim in sims.values() {
+            for (node, versions) in sim.model.node_images() {
+                let entry = images.entry(node).or_default();
+                for v in versions {
+                    entry.insert(format!("{}:{v}", sim.image));
+                }
+            }
+        }
+    }
+    for (node, refs) in images {
+        if images_written.get(&node) == Some(&refs) {
+            continue;
+        }
+        let api: Api<Node> = Api::all(client.clone());
+        let list: Vec<serde_json::Value> = refs
+            .iter()
+            .map(|r| json!({"names": [r], "sizeBytes": 500_000_000}))
+            .collect();
+        if api
+            .patch_status(&node, &PatchParams::default(), &Patch::Merge(&json!({"status": {"images": list}})))
+            .await
+            .is_ok()
+        {
+            images_written.insert(node, refs);
+        }
+    }
+    Ok(())
+}
+
+fn pod_status(report: &mo_sim::attached::PodReport, image: &str) -> serde_json::Value {
+    let ready = if report.ready { "True" } else { "False" };
+    let state = if report.running {
+        json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}})
+    } else {
+        json!({"waiting": {"reason": if report.started { "CrashLoopBackOff" } else { "ContainerCreating" }}})
+    };
+    json!({
+        "phase": if report.started { "Running" } else { "Pending" },
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Ready", "status": ready},
+            {"type": "ContainersReady", "status": ready},
+        ],
+        "containerStatuses": [{
+            "name": "main",
+            "image": format!("{image}:{}", report.version),
+            "imageID": "",
+            "ready": report.ready,
+            "started": report.running,
+            "restartCount": report.restarts,
+            "state": state,
+        }],
+    })
+}
+
+type Shared = State<Arc<DataPlane>>;
+
+fn with_cluster<T>(
+    plane: &DataPlane,
+    ns: String,
+    name: String,
+    f: impl FnOnce(&Key, &mut SimCluster) -> T,
+) -> Option<T> {
+    let key = (ns, name);
+    let mut sims = plane.clusters.lock().expect("clusters lock");
+    sims.get_mut(&key).map(|sim| f(&key, sim))
+}
+
+async fn kernel_handler(
+    State(plane): Shared,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<Json<KernelView>, StatusCode> {
+    with_cluster(&plane, ns, name, |key, sim| plane.kernel_view(key, sim))
+        .map(Json)
+        .ok_or(StatusCode::NOT_FOUND)
+}
+
+async fn call_handler(
+    State(plane): Shared,
+    Path((ns, name)): Path<(String, String)>,
+    Json(action): Json<Action>,
+) -> Result<Json<Result<ActionOutput, ActionError>>, StatusCode> {
+    with_cluster(&plane, ns, name, |key, sim| plane.call(key, sim, action))
+        .map(Json)
+        .ok_or(StatusCode::NOT_FOUND)
+}
+
+async fn report_handler(
+    State(plane): Shared,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<Json<mo_sim::Report>, StatusCode> {
+    with_cluster(&plane, ns, name, |_, sim| {
+        plane.advance(sim);
+        sim.model.report()
+    })
+    .map(Json)
+    .ok_or(StatusCode::NOT_FOUND)
+}
+
+#[derive(serde::Deserialize)]
+struct Faults {
+    cn_never_heartbeats_after_restart: bool,
+}
+
+async fn fault_handler(
+    State(plane): Shared,
+    Path((ns, name)): Path<(String, String)>,
+    Json(faults): Json<Faults>,
+) -> StatusCode {
+    with_cluster(&plane, ns, name, |_, sim| {
+        plane.advance(sim);
+        sim.model
+            .set_cn_never_heartbeats(faults.cn_never_heartbeats_after_restart)
+    })
+    .map_or(StatusCode::NOT_FOUND, |_| StatusCode::NO_CONTENT)
+}

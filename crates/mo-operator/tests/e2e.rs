@@ -1,0 +1,268 @@
+//! End to end on a real kube-apiserver + kube-controller-manager with the simulated MatrixOne
+//! data plane: the operator process is the one users deploy.
+
+mod support;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::api::{Api, DeleteParams, ListParams};
+use kube::ResourceExt;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+use support::{TestNs, small_cluster, wait_for};
+
+const READY_LIMIT: Duration = Duration::from_secs(180);
+
+#[tokio::test]
+async fn a_bad_spec_is_refused_by_the_api_server_naming_the_field() {
+    let t = TestNs::new("e2e-bad-spec").await;
+    let mut spec = small_cluster("v1");
+    spec["log"]["replicas"] = 4.into();
+    let err = t.create("even", spec).await.expect_err("refused");
+    assert!(err.to_string().contains("spec.log.replicas must be odd"), "{err}");
+
+    let mut spec = small_cluster("v1");
+    spec["upgrade"]["strategy"] = serde_json::json!({"cn": ["cn"]});
+    let err = t.create("selfwait", spec).await.expect_err("refused");
+    assert!(err.to_string().contains("spec.upgrade.strategy"), "{err}");
+
+    let mut spec = small_cluster("v1");
+    spec["upgrade"]["stallTimeout"] = "1s".into();
+    let err = t.create("stall", spec).await.expect_err("refused");
+    assert!(err.to_string().contains("stallTimeout must be longer"), "{err}");
+
+    let mut spec = small_cluster("v1");
+    spec["cn"]["groups"] = serde_json::json!([{"name": "log", "replicas": 1}]);
+    let err = t.create("clash", spec).await.expect_err("refused");
+    assert!(err.to_string().contains("spec.cn.groups[].name"), "{err}");
+
+    let mut spec = small_cluster("v1");
+    spec["upgrade"]["stabilityWindow"] = "soon".into();
+    let err = t.create("words", spec).await.expect_err("refused");
+    assert!(err.to_string().contains("stabilityWindow"), "{err}");
+
+    // Immutable after creation.
+    t.create("fixed", small_cluster("v1")).await.expect("valid spec");
+    let err = t
+        .clusters()
+        .patch(
+            "fixed",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"log": {"shards": 2}}})),
+        )
+        .await
+        .expect_err("shards are immutable");
+    assert!(err.to_string().contains("spec.log.shards is immutable"), "{err}");
+}
+
+#[tokio::test]
+async fn a_cluster_becomes_ready_scales_out_and_in_through_the_drain_arbiter_and_is_cleaned_up() {
+    let t = TestNs::new("e2e-lifecycle").await;
+    let _operator = t.operator("op-a");
+    t.create("mo", small_cluster("v1")).await.expect("create");
+    t.wait_ready("mo", READY_LIMIT).await;
+    assert_eq!(
+        t.pod_names().await,
+        ["mo-log-0", "mo-log-1", "mo-log-2", "mo-proxy-0", "mo-tn-0", "mo-tp-0", "mo-tp-1"]
+    );
+    let cluster = t.cluster("mo").await;
+    let status = cluster.status.expect("status");
+    assert_eq!(status.observed_generation, cluster.metadata.generation);
+    assert_eq!(status.components["cn"].ready, 2);
+    assert_eq!(status.components["log"].versions["v1"], 3);
+    // Printer columns.
+    let out = t.kubectl(&["get", "moc", "-n", &t.ns]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("VERSION") && table.contains("WAITING-ON"), "{table}");
+
+    // Scale out: a new CN registers and serves.
+    t.patch_spec("mo", serde_json::json!({"cn": {"groups": [{"name": "tp", "replicas": 3}]}}))
+        .await;
+    wait_for("mo-tp-2 registered and ready", READY_LIMIT, || async {
+        let c = t.cluster("mo").await;
+        let s = c.status?;
+        (s.components["cn"].ready == 3
+            && s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        .then_some(())
+    })
+    .await;
+    let old_uid = t.pods().get("mo-tp-2").await.expect("pod").uid();
+
+    // Scale in: the pod leaves only after the drain of that instance is confirmed.
+    t.patch_spec("mo", serde_json::json!({"cn": {"groups": [{"name": "tp", "replicas": 2}]}}))
+        .await;
+    let mut stages = BTreeSet::new();
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(s) = t.cluster("mo").await.status {
+            for d in s.drains.iter().filter(|d| d.pod == "mo-tp-2") {
+                assert_eq!(Some(&d.pod_uid), old_uid.as_ref(), "bound to the instance");
+                stages.insert(d.stage.clone());
+            }
+        }
+        if t.pods().get_opt("mo-tp-2").await.expect("get").is_none() {
+            break;
+        }
+        assert!(start.elapsed() < READY_LIMIT, "mo-tp-2 not removed; stages {stages:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        stages.contains("HandOver") || stages.contains("Confirmed"),
+        "the removal went through the arbiter: {stages:?}"
+    );
+    t.wait_ready("mo", READY_LIMIT).await;
+    let events = t.kubectl(&["get", "events", "-n", &t.ns, "-o", "json"]);
+    let events = String::from_utf8_lossy(&events.stdout);
+    assert!(events.contains("DrainConfirmed"), "event for the confirmation");
+    let report = t.report("mo").await;
+    assert_eq!(report.unsafe_actions.total(), 0, "{:?}", report.unsafe_action_log);
+    assert_eq!(report.txns.failed_definite + report.txns.unknown, 0, "{:?}", report.txns);
+    assert!(report.txns.committed > 0);
+
+    // Delete: the finalizer runs, the garbage collector removes what the cluster owned.
+    t.clusters()
+        .delete("mo", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_for("everything owned is gone", READY_LIMIT, || async {
+        let gone_cluster = t.clusters().get_opt("mo").await.ok()?.is_none();
+        let sts: Api<StatefulSet> = Api::namespaced(t.client.clone(), &t.ns);
+        let svc: Api<Service> = Api::namespaced(t.client.clone(), &t.ns);
+        let cms: Api<ConfigMap> = Api::namespaced(t.client.clone(), &t.ns);
+        let lp = ListParams::default().labels("ops.matrixorigin.io/cluster=mo");
+        let left = sts.list(&lp).await.ok()?.items.len()
+            + svc.list(&lp).await.ok()?.items.len()
+            + cms.list(&lp).await.ok()?.items.len()
+            + t.pods().list(&lp).await.ok()?.items.len();
+        (gone_cluster && left == 0).then_some(())
+    })
+    .await;
+}
+
+/// Pod name → every UID seen for it, while `until` has not happened.
+async fn watch_uids(t: &TestNs, seen: &mut BTreeMap<String, BTreeSet<String>>) {
+    if let Ok(list) = t.pods().list(&ListParams::default()).await {
+        for p in list.items {
+            if p.labels().contains_key("ops.matrixorigin.io/prepull") {
+                continue;
+            }
+            seen.entry(p.name_any())
+                .or_default()
+                .insert(p.uid().unwrap_or_default());
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_upgrade_survives_operator_kills_and_restarts_each_pod_exactly_once() {
+    let t = TestNs::new("e2e-upgrade").await;
+    let mut operator = t.operator("op-1");
+    t.create("mo", small_cluster("v1")).await.expect("create");
+    t.wait_ready("mo", READY_LIMIT).await;
+    let mut uids = BTreeMap::new();
+    watch_uids(&t, &mut uids).await;
+
+    t.patch_spec("mo", serde_json::json!({"version": "v2"})).await;
+    // Kill the operator in the LOG phase, once a LOG pod has been restarted.
+    let mut kills = 0;
+    let mut generation = 1;
+    let limit = Duration::from_secs(600);
+    let start = std::time::Instant::now();
+    loop {
+        watch_uids(&t, &mut uids).await;
+        let c = t.cluster("mo").await;
+        let step = c
+            .status
+            .as_ref()
+            .and_then(|s| s.rollout.as_ref())
+            .map(|r| r.step.clone())
+            .unwrap_or_default();
+        if step == "complete" {
+            break;
+        }
+        let log_restarted = uids
+            .iter()
+            .any(|(n, u)| n.starts_with("mo-log") && u.len() > 1);
+        let cn_restarting = step.contains("upgrade cn");
+        if (kills == 0 && log_restarted) || (kills == 1 && cn_restarting) {
+            operator.kill();
+            kills += 1;
+            generation += 1;
+            // The new replica must wait out the old lease, then resume from the record.
+            operator = t.operator(&format!("op-{generation}"));
+        }
+        assert!(start.elapsed() < limit, "upgrade did not finish; at step {step}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(kills, 2, "the operator was killed in the LOG and in the CN phase");
+    t.wait_ready("mo", READY_LIMIT).await;
+    watch_uids(&t, &mut uids).await;
+    for (pod, seen) in &uids {
+        assert_eq!(seen.len(), 2, "{pod} restarted exactly once: {seen:?}");
+    }
+    let status = t.cluster("mo").await.status.expect("status");
+    for (component, s) in &status.components {
+        assert_eq!(s.versions.keys().collect::<Vec<_>>(), ["v2"], "{component}");
+    }
+    let report = t.report("mo").await;
+    assert_eq!(report.tn_fatal_exits, 0);
+    assert_eq!(report.unsafe_actions.total(), 0, "{:?}", report.unsafe_action_log);
+    assert_eq!(report.txns.unknown + report.txns.failed_definite, 0, "{:?}", report.txns);
+}
+
+#[tokio::test]
+async fn a_drain_resumes_after_an_operator_restart_and_two_replicas_never_act_together() {
+    let t = TestNs::new("e2e-drain-restart").await;
+    let mut a = t.operator("op-a");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut b = t.operator("op-b");
+    let mut spec = small_cluster("v1");
+    spec["cn"]["groups"] = serde_json::json!([{"name": "tp", "replicas": 3}]);
+    t.create("mo", spec).await.expect("create");
+    t.wait_ready("mo", READY_LIMIT).await;
+    // Exactly one replica leads.
+    let leaders = |ma: &str, mb: &str| {
+        [ma, mb]
+            .iter()
+            .filter(|m| m.contains("mo_operator_leader 1"))
+            .count()
+    };
+    let (ma, mb) = (a.metrics().await, b.metrics().await);
+    assert_eq!(leaders(&ma, &mb), 1, "one leader");
+    assert!(ma.contains("mo_operator_leader 1"), "the first replica leads");
+    assert!(
+        !mb.contains("mo_operator_reconciles_total"),
+        "the standby never reconciled"
+    );
+
+    // Scale in; kill the leader while the drain is in progress.
+    let victim = t.pods().get("mo-tp-2").await.expect("pod").uid();
+    t.patch_spec("mo", serde_json::json!({"cn": {"groups": [{"name": "tp", "replicas": 2}]}}))
+        .await;
+    wait_for("a drain in progress", READY_LIMIT, || async {
+        let s = t.cluster("mo").await.status?;
+        s.drains
+            .iter()
+            .any(|d| d.pod == "mo-tp-2" && d.stage != "MarkDraining")
+            .then_some(())
+    })
+    .await;
+    a.kill();
+    // The standby takes over and finishes the drain it finds in the record.
+    wait_for("mo-tp-2 removed by the new leader", READY_LIMIT, || async {
+        t.pods().get_opt("mo-tp-2").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(b.alive());
+    assert!(b.metrics().await.contains("mo_operator_leader 1"));
+    t.wait_ready("mo", READY_LIMIT).await;
+    let report = t.report("mo").await;
+    assert_eq!(report.unsafe_actions.total(), 0, "{:?}", report.unsafe_action_log);
+    assert_eq!(report.txns.unknown + report.txns.failed_definite, 0, "{:?}", report.txns);
+    let events = t.kubectl(&["get", "events", "-n", &t.ns, "-o", "json"]);
+    let events = String::from_utf8_lossy(&events.stdout).to_string();
+    let deletions = events.matches("deleting pod mo-tp-2").count();
+    assert!(deletions >= 1, "the deletion is reported");
+    assert!(victim.is_some());
+    drop(b);
+}

@@ -1,0 +1,312 @@
+//! End-to-end harness: the real control plane (mo-testenv), the CRD, one simulated data plane
+//! for the whole test binary, and per-test namespaces with their own operator processes.
+
+#![allow(dead_code)]
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use mo_kube::crd::MatrixOneCluster;
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_mo-operator");
+/// Simulated seconds per wall-clock second in the data plane.
+pub const TIME_SCALE: &str = "30";
+
+pub struct Shared {
+    pub plane: &'static mo_testenv::ControlPlane,
+    pub admin: String,
+}
+
+fn log_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-logs");
+    std::fs::create_dir_all(&dir).expect("log dir");
+    dir
+}
+
+/// The control plane, the CRD and the simulated data plane, once per test binary.
+pub fn shared() -> &'static Shared {
+    static SHARED: OnceLock<Shared> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        let plane = mo_testenv::shared().expect("test control plane");
+        let kubeconfig = plane.kubeconfig().to_path_buf();
+        let crd = Command::new(BIN).arg("crds").output().expect("mo-operator crds");
+        assert!(crd.status.success(), "crds: {}", String::from_utf8_lossy(&crd.stderr));
+        let crd_file = log_dir().join("crd.yaml");
+        std::fs::write(&crd_file, &crd.stdout).expect("write crd");
+        let kubectl = |args: &[&str]| {
+            let out = Command::new(plane.kubectl())
+                .args(args)
+                .env("KUBECONFIG", &kubeconfig)
+                .output()
+                .expect("kubectl runs");
+            assert!(
+                out.status.success(),
+                "kubectl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        kubectl(&["apply", "--server-side", "-f", crd_file.to_str().expect("utf-8")]);
+        kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/matrixoneclusters.ops.matrixorigin.io",
+        ]);
+        let port = mo_testenv::free_port().expect("port");
+        let mut command = Command::new(BIN);
+        command
+            .args([
+                "kubelet",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--time-scale",
+                TIME_SCALE,
+                "--nodes",
+                "6",
+            ])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "info");
+        mo_testenv::spawn_for_process(command, log_dir().join("kubelet.log")).expect("kubelet");
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(start.elapsed() < Duration::from_secs(60), "kubelet did not listen");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Shared {
+            plane,
+            admin: format!("http://127.0.0.1:{port}"),
+        }
+    })
+}
+
+/// An operator process; killed (SIGKILL, no goodbye) when dropped.
+pub struct Operator {
+    pub identity: String,
+    pub metrics_port: u16,
+    child: Child,
+}
+
+impl Operator {
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("http://127.0.0.1:{}/metrics", self.metrics_port))
+            .await
+            .expect("metrics endpoint")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One test's namespace, client and operators.
+pub struct TestNs {
+    pub ns: String,
+    pub client: Client,
+    pub shared: &'static Shared,
+}
+
+impl TestNs {
+    pub async fn new(ns: &str) -> TestNs {
+        let shared = shared();
+        let client = shared.plane.client().await.expect("client");
+        let api: Api<Namespace> = Api::all(client.clone());
+        if api.get_opt(ns).await.expect("get ns").is_some() {
+            let _ = api.delete(ns, &DeleteParams::default()).await;
+            wait_for("old namespace gone", Duration::from_secs(120), || async {
+                api.get_opt(ns).await.ok()?.is_none().then_some(())
+            })
+            .await;
+        }
+        let namespace: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).expect("ns");
+        api.create(&PostParams::default(), &namespace)
+            .await
+            .expect("create ns");
+        TestNs {
+            ns: ns.into(),
+            client,
+            shared,
+        }
+    }
+
+    pub fn operator(&self, identity: &str) -> Operator {
+        let port = mo_testenv::free_port().expect("port");
+        let mut command = Command::new(BIN);
+        command
+            .args([
+                "run",
+                "--admin-endpoint",
+                &self.shared.admin,
+                "--tick",
+                "250ms",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--lease-namespace",
+                &self.ns,
+                "--watch-namespace",
+                &self.ns,
+                "--identity",
+                identity,
+                "--lease-duration",
+                "4s",
+            ])
+            .env("KUBECONFIG", self.shared.plane.kubeconfig())
+            .env("RUST_LOG", "info,kube=warn");
+        let log = log_dir().join(format!("{}-{identity}.log", self.ns));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log file");
+        let err = out.try_clone().expect("log file");
+        command.stdout(out).stderr(err).stdin(Stdio::null());
+        let child = command.spawn().expect("operator starts");
+        Operator {
+            identity: identity.into(),
+            metrics_port: port,
+            child,
+        }
+    }
+
+    pub fn clusters(&self) -> Api<MatrixOneCluster> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub async fn create(&self, name: &str, spec: serde_json::Value) -> Result<MatrixOneCluster, kube::Error> {
+        let cluster: MatrixOneCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ops.matrixorigin.io/v1alpha1",
+            "kind": "MatrixOneCluster",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))
+        .expect("cluster object");
+        self.clusters().create(&PostParams::default(), &cluster).await
+    }
+
+    pub async fn patch_spec(&self, name: &str, spec: serde_json::Value) {
+        self.clusters()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": spec})),
+            )
+            .await
+            .expect("patch spec");
+    }
+
+    pub async fn cluster(&self, name: &str) -> MatrixOneCluster {
+        self.clusters().get(name).await.expect("get cluster")
+    }
+
+    pub async fn condition(&self, name: &str, type_: &str) -> Option<(String, String, String)> {
+        let c = self.clusters().get(name).await.ok()?;
+        c.status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == type_)
+            .map(|c| (c.status, c.reason, c.message))
+    }
+
+    pub async fn wait_ready(&self, name: &str, limit: Duration) {
+        wait_for(&format!("{name} Ready"), limit, || async {
+            let (status, _, _) = self.condition(name, "Ready").await?;
+            (status == "True").then_some(())
+        })
+        .await;
+    }
+
+    /// The simulated data plane's report: transaction outcomes, TN exits, unsafe actions.
+    pub async fn report(&self, name: &str) -> mo_sim::Report {
+        let url = format!(
+            "{}/v1/namespaces/{}/clusters/{name}/report",
+            self.shared.admin, self.ns
+        );
+        reqwest::get(&url)
+            .await
+            .expect("report endpoint")
+            .json()
+            .await
+            .expect("report json")
+    }
+
+    pub async fn pod_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .pods()
+            .list(&ListParams::default())
+            .await
+            .expect("list pods")
+            .items
+            .iter()
+            .filter(|p| {
+                p.labels()
+                    .get("ops.matrixorigin.io/prepull")
+                    .is_none()
+            })
+            .map(|p| p.name_any())
+            .collect();
+        names.sort();
+        names
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> std::process::Output {
+        Command::new(self.shared.plane.kubectl())
+            .args(args)
+            .env("KUBECONFIG", self.shared.plane.kubeconfig())
+            .output()
+            .expect("kubectl runs")
+    }
+}
+
+/// Polls `check` until it answers, or fails the test with what it waited for.
+pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The spec most tests start from.
+pub fn small_cluster(version: &str) -> serde_json::Value {
+    serde_json::json!({
+        "version": version,
+        "log": {"replicas": 3},
+        "cn": {"groups": [{"name": "tp", "replicas": 2}]},
+        "proxy": {"replicas": 1},
+        "upgrade": {"stabilityWindow": "2s", "stallTimeout": "3m"},
+        "drain": {"alarmAfter": "5m"},
+    })
+}
