@@ -61,6 +61,9 @@ struct ClusterState {
     results: Vec<ActionResult>,
     applied: Option<(u64, Instant)>,
     last_status: Option<MatrixOneClusterStatus>,
+    /// The template versions this process last recorded: the cached object's status may lag
+    /// behind our own writes, and a stale version would recreate a pod on the old image.
+    templates: Option<BTreeMap<String, String>>,
 }
 
 pub struct Context {
@@ -270,18 +273,22 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
         state.config = Some(config);
     }
 
-    let mut templates = previous.template_versions.clone();
+    let mut templates = state
+        .templates
+        .clone()
+        .unwrap_or_else(|| previous.template_versions.clone());
     for c in Component::ALL {
         templates
             .entry(c.as_str().to_string())
             .or_insert_with(|| cluster.spec.version.clone());
     }
-    if previous.template_versions != templates {
+    if state.templates.is_none() && previous.template_versions != templates {
         // Recorded before the first object is created from it.
         let mut first = previous.clone();
         first.template_versions = templates.clone();
         patch_status(&api, &name, &first).await?;
     }
+    state.templates = Some(templates.clone());
 
     let pods: Vec<Pod> = ctx
         .pods
@@ -337,6 +344,7 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
         patch_status(&api, &name, &new_status).await?;
         state.last_status = Some(new_status.clone());
     }
+    state.templates = Some(templates.clone());
     update_gauges(&ctx.metrics, &cluster, &new_status, policy);
 
     for note in &decision.notes {

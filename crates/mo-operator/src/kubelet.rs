@@ -369,9 +369,21 @@ async fn tick(
         .into_iter()
         .filter_map(|c| Some(((c.namespace()?, c.name_any()), c)))
         .collect();
+    let all_pods = pods.state();
+    let with_pods: BTreeSet<Key> = all_pods
+        .iter()
+        .filter_map(|p| {
+            let cluster = p.metadata.labels.as_ref()?.get(LABEL_CLUSTER)?.clone();
+            Some((p.namespace()?, cluster))
+        })
+        .collect();
     {
         let mut sims = plane.clusters.lock().expect("clusters lock");
-        sims.retain(|key, sim| live.get(key).and_then(|c| c.uid()).as_deref() == Some(sim.uid.as_str()));
+        // A deleted cluster's processes run until the garbage collector's deletions finish.
+        sims.retain(|key, sim| {
+            live.get(key).and_then(|c| c.uid()).as_deref() == Some(sim.uid.as_str())
+                || with_pods.contains(key)
+        });
         for (key, cluster) in &live {
             if sims.contains_key(key) {
                 continue;
@@ -410,7 +422,6 @@ async fn tick(
         v.sort();
         v
     };
-    let all_pods = pods.state();
     let mut writes: Vec<(String, String, serde_json::Value)> = Vec::new();
     let mut removals: Vec<(String, String, String)> = Vec::new();
     let mut bindings: Vec<(String, String, String)> = Vec::new();

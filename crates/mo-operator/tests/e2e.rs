@@ -200,10 +200,23 @@ async fn an_upgrade_survives_operator_kills_and_restarts_each_pod_exactly_once()
     for (pod, seen) in &uids {
         assert_eq!(seen.len(), 2, "{pod} restarted exactly once: {seen:?}");
     }
-    let status = t.cluster("mo").await.status.expect("status");
-    for (component, s) in &status.components {
-        assert_eq!(s.versions.keys().collect::<Vec<_>>(), ["v2"], "{component}");
+    let images: Vec<(String, String)> = t
+        .pods()
+        .list(&ListParams::default())
+        .await
+        .expect("pods")
+        .items
+        .iter()
+        .map(|p| {
+            let image = p.spec.as_ref().and_then(|s| s.containers[0].image.clone());
+            (p.name_any(), image.unwrap_or_default())
+        })
+        .collect();
+    for (pod, image) in &images {
+        assert!(image.ends_with(":v2"), "{pod} runs {image}; all: {images:?}");
     }
+    let status = t.cluster("mo").await.status.expect("status");
+    assert_eq!(status.rollout.expect("rollout").step, "complete");
     let report = t.report("mo").await;
     assert_eq!(report.tn_fatal_exits, 0);
     assert_eq!(report.unsafe_actions.total(), 0, "{:?}", report.unsafe_action_log);
@@ -221,15 +234,11 @@ async fn a_drain_resumes_after_an_operator_restart_and_two_replicas_never_act_to
     t.create("mo", spec).await.expect("create");
     t.wait_ready("mo", READY_LIMIT).await;
     // Exactly one replica leads.
-    let leaders = |ma: &str, mb: &str| {
-        [ma, mb]
-            .iter()
-            .filter(|m| m.contains("mo_operator_leader 1"))
-            .count()
-    };
+    let leads = |metrics: &str| metrics.lines().any(|l| l.trim() == "mo_operator_leader 1");
+    let leaders = |ma: &str, mb: &str| [ma, mb].iter().filter(|m| leads(m)).count();
     let (ma, mb) = (a.metrics().await, b.metrics().await);
     assert_eq!(leaders(&ma, &mb), 1, "one leader");
-    assert!(ma.contains("mo_operator_leader 1"), "the first replica leads");
+    assert!(leads(&ma), "the first replica leads");
     assert!(
         !mb.contains("mo_operator_reconciles_total"),
         "the standby never reconciled"
@@ -254,7 +263,7 @@ async fn a_drain_resumes_after_an_operator_restart_and_two_replicas_never_act_to
     })
     .await;
     assert!(b.alive());
-    assert!(b.metrics().await.contains("mo_operator_leader 1"));
+    assert!(leads(&b.metrics().await));
     t.wait_ready("mo", READY_LIMIT).await;
     let report = t.report("mo").await;
     assert_eq!(report.unsafe_actions.total(), 0, "{:?}", report.unsafe_action_log);
