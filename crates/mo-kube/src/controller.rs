@@ -91,7 +91,13 @@ impl Context {
         self.states.lock().expect("states lock").remove(uid);
     }
 
-    async fn event(&self, cluster: &MatrixOneCluster, type_: EventType, reason: &str, note: String) {
+    async fn event(
+        &self,
+        cluster: &MatrixOneCluster,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
         let event = Event {
             type_,
             reason: reason.into(),
@@ -99,7 +105,11 @@ impl Context {
             action: reason.into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &cluster.object_ref(&())).await {
+        if let Err(e) = self
+            .recorder
+            .publish(&event, &cluster.object_ref(&()))
+            .await
+        {
             tracing::warn!(error = %e, "publishing an event failed");
         }
     }
@@ -121,11 +131,7 @@ pub async fn run(
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let pod_selector = format!(
-        "{}={}",
-        resources::LABEL_MANAGED_BY,
-        resources::MANAGED_BY
-    );
+    let pod_selector = format!("{}={}", resources::LABEL_MANAGED_BY, resources::MANAGED_BY);
     let (pods, pod_writer) = reflector::store();
     let pod_watch = reflector(
         pod_writer,
@@ -332,14 +338,7 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
             templates.insert(component.as_str().to_string(), version.clone());
         }
     }
-    let new_status = status::build(
-        &cluster,
-        &previous,
-        &observation,
-        policy,
-        &templates,
-        &pods,
-    );
+    let new_status = status::build(&cluster, &previous, &observation, policy, &templates, &pods);
     if state.last_status.as_ref() != Some(&new_status) || !decision.actions.is_empty() {
         patch_status(&api, &name, &new_status).await?;
         state.last_status = Some(new_status.clone());
@@ -465,7 +464,10 @@ async fn ensure_children(
         state.applied = Some((hash, Instant::now()));
     }
     let pod_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let existing: Vec<String> = pods.iter().filter_map(|p| p.metadata.name.clone()).collect();
+    let existing: Vec<String> = pods
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
     for group in &cluster.spec.cn.groups {
         for ordinal in 0..group.replicas {
             let pod_name = resources::pod_name(&name, &format!("{}-{ordinal}", group.name));
@@ -574,11 +576,7 @@ async fn execute(
                 Err(e) => Err(ActionError::Unavailable(format!("pre-pull pod: {e}"))),
             }
         }
-        kernel_call => {
-            ctx.admin
-                .call(&ns, &cluster.name_any(), kernel_call)
-                .await
-        }
+        kernel_call => ctx.admin.call(&ns, &cluster.name_any(), kernel_call).await,
     }
 }
 
@@ -680,7 +678,14 @@ fn update_gauges(
     for d in &status.drains {
         *by_stage.entry(d.stage.clone()).or_default() += 1;
     }
-    for stage in ["MarkDraining", "MigrateSessions", "HandOver", "Confirmed", "Released", "Cancelling"] {
+    for stage in [
+        "MarkDraining",
+        "MigrateSessions",
+        "HandOver",
+        "Confirmed",
+        "Released",
+        "Cancelling",
+    ] {
         metrics
             .drains
             .get_or_create(&DrainLabels {

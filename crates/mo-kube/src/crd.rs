@@ -320,7 +320,12 @@ impl MatrixOneClusterSpec {
             .upgrade
             .strategy
             .iter()
-            .map(|(k, v)| (k.clone(), v.0.iter().map(|c| c.as_str().to_string()).collect()))
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    v.0.iter().map(|c| c.as_str().to_string()).collect(),
+                )
+            })
             .collect();
         Strategy::from_pairs(pairs).map_err(|e| SpecError::Strategy(e.to_string()))
     }

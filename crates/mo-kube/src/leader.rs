@@ -8,8 +8,8 @@
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, PostParams};
 use kube::Client;
+use kube::api::{Api, PostParams};
 use std::time::Duration;
 
 #[derive(Clone, Debug)]
@@ -87,7 +87,11 @@ impl LeaderElector {
             return Ok(Attempt::Standby { holder });
         }
         let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(!ours);
-        let acquired = if ours { spec.acquire_time.clone() } else { None };
+        let acquired = if ours {
+            spec.acquire_time.clone()
+        } else {
+            None
+        };
         lease.spec = Some(self.spec(now, transitions, acquired));
         // The resourceVersion in `lease` makes this a compare-and-swap.
         match self

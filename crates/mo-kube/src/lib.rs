@@ -3,10 +3,10 @@
 //! core's progress record, and carries out its actions.
 
 pub mod admin;
+pub mod controller;
 pub mod crd;
-pub mod resources;
 pub mod leader;
 pub mod metrics;
 pub mod observation;
-pub mod controller;
+pub mod resources;
 pub mod status;

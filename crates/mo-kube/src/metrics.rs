@@ -72,27 +72,47 @@ impl Metrics {
         let drains = Family::<DrainLabels, Gauge>::default();
         let kernel_unreachable = Family::<ClusterLabels, Counter>::default();
         let leader = Gauge::default();
-        registry.register("reconciles", "Reconciliations by result", reconciles.clone());
+        registry.register(
+            "reconciles",
+            "Reconciliations by result",
+            reconciles.clone(),
+        );
         registry.register(
             "reconcile_duration_seconds",
             "Time of one reconciliation",
             reconcile_seconds.clone(),
         );
-        registry.register("actions", "Decision-core actions carried out, by result", actions.clone());
+        registry.register(
+            "actions",
+            "Decision-core actions carried out, by result",
+            actions.clone(),
+        );
         registry.register(
             "rollout_phase",
             "Index of the current rollout phase (-1 none)",
             rollout_phase.clone(),
         );
-        registry.register("rollout_halted", "1 while a rollout is halted", rollout_halted.clone());
-        registry.register("holds", "Gates and drains the core is holding on", holds.clone());
+        registry.register(
+            "rollout_halted",
+            "1 while a rollout is halted",
+            rollout_halted.clone(),
+        );
+        registry.register(
+            "holds",
+            "Gates and drains the core is holding on",
+            holds.clone(),
+        );
         registry.register("drains", "Drains by stage", drains.clone());
         registry.register(
             "kernel_unreachable",
             "Kernel readings that failed (the core holds)",
             kernel_unreachable.clone(),
         );
-        registry.register("leader", "1 while this replica holds the leader lease", leader.clone());
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader lease",
+            leader.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -165,6 +185,9 @@ mod tests {
         assert!((50.0..=51.0).contains(&p50), "{p50}");
         assert!((99.0..=100.0).contains(&p99), "{p99}");
         let text = m.encode();
-        assert!(text.contains("mo_operator_reconciles_total{result=\"error\"} 1"), "{text}");
+        assert!(
+            text.contains("mo_operator_reconciles_total{result=\"error\"} 1"),
+            "{text}"
+        );
     }
 }

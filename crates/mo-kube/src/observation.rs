@@ -17,7 +17,10 @@ use std::collections::BTreeMap;
 pub fn cluster_pods<'a>(cluster: &str, pods: &'a [Pod]) -> impl Iterator<Item = &'a Pod> {
     pods.iter().filter(move |p| {
         let labels = p.metadata.labels.as_ref();
-        labels.and_then(|l| l.get(LABEL_CLUSTER)).map(String::as_str) == Some(cluster)
+        labels
+            .and_then(|l| l.get(LABEL_CLUSTER))
+            .map(String::as_str)
+            == Some(cluster)
             && labels.is_some_and(|l| !l.contains_key(LABEL_PREPULL))
     })
 }
@@ -163,7 +166,9 @@ pub fn build(
         node_images,
         unschedulable_nodes: nodes
             .iter()
-            .filter(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) || !node_ready(n))
+            .filter(|n| {
+                n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) || !node_ready(n)
+            })
             .map(node_name)
             .collect(),
         not_ready_nodes: nodes
@@ -202,9 +207,10 @@ mod tests {
     }
 
     fn pod(name: &str, component: &str, ready: bool, image: &str) -> Pod {
+        let cluster = name.split('-').next().expect("a prefix");
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "uid": format!("uid-{name}"),
-                "labels": {LABEL_CLUSTER: "mo", LABEL_COMPONENT: component}},
+                "labels": {LABEL_CLUSTER: cluster, LABEL_COMPONENT: component}},
             "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": image}]},
             "status": {"phase": "Running",
                 "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}],
@@ -233,7 +239,10 @@ mod tests {
         );
         assert_eq!(obs.pods.len(), 3, "another cluster's pods are not ours");
         let cn = obs.pod("mo-tp-1").expect("observed");
-        assert_eq!((cn.version.as_str(), cn.ready, cn.restarts), ("v1", false, 2));
+        assert_eq!(
+            (cn.version.as_str(), cn.ready, cn.restarts),
+            ("v1", false, 2)
+        );
         assert_eq!(cn.cn_uuid.as_deref(), Some(cn_uuid("mo-tp-1").as_str()));
         assert!(obs.pod("mo-log-0").expect("log").cn_uuid.is_none());
         assert_eq!(obs.desired.removals.len(), 1);

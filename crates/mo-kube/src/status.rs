@@ -57,7 +57,14 @@ pub fn invalid_spec(
     let text = format!("{message}. Nothing is changed until the spec is fixed.");
     status.conditions = vec![
         condition(prev, generation, READY, false, "InvalidSpec", text.clone()),
-        condition(prev, generation, PROGRESSING, false, "InvalidSpec", text.clone()),
+        condition(
+            prev,
+            generation,
+            PROGRESSING,
+            false,
+            "InvalidSpec",
+            text.clone(),
+        ),
         condition(prev, generation, HALTED, false, "NotHalted", String::new()),
         condition(prev, generation, DEGRADED, true, "InvalidSpec", text),
     ];
@@ -169,12 +176,6 @@ pub fn build(
         .collect();
 
     let prev = &previous.conditions;
-    let all_ready = components.iter().all(|(c, s)| {
-        s.ready >= s.replicas
-            && desired
-                .get(&c.parse::<Component>().expect("our own keys"))
-                .is_some()
-    });
     let pods_ready = components.values().all(|s| s.ready >= s.replicas);
     let kernel_error = observation.hakeeper.as_ref().err().map(|e| e.to_string());
     let halted = record.rollout.as_ref().and_then(|r| match &r.status {
@@ -204,7 +205,7 @@ pub fn build(
         prev,
         generation,
         READY,
-        all_ready && kernel_error.is_none() && !upgrading && halted.is_none() && !removing,
+        pods_ready && kernel_error.is_none() && !upgrading && halted.is_none() && !removing,
         if kernel_error.is_some() {
             "KernelUnreachable"
         } else if halted.is_some() {

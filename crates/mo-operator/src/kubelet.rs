@@ -179,10 +179,20 @@ impl DataPlane {
         view
     }
 
-    fn call(&self, key: &Key, sim: &mut SimCluster, action: Action) -> Result<ActionOutput, ActionError> {
+    fn call(
+        &self,
+        key: &Key,
+        sim: &mut SimCluster,
+        action: Action,
+    ) -> Result<ActionOutput, ActionError> {
         self.advance(sim);
         let prefix = SimCluster::prefix(key);
-        let model_uuid = |u: &str| sim.uuid_to_model.get(u).cloned().unwrap_or_else(|| u.to_string());
+        let model_uuid = |u: &str| {
+            sim.uuid_to_model
+                .get(u)
+                .cloned()
+                .unwrap_or_else(|| u.to_string())
+        };
         let action = match action {
             Action::SetCnWorkState { uuid, state } => Action::SetCnWorkState {
                 uuid: model_uuid(&uuid),
@@ -256,7 +266,10 @@ pub async fn run(args: Args) -> Result<()> {
     tokio::spawn(
         reflector(
             cluster_writer,
-            watcher(Api::<MatrixOneCluster>::all(client.clone()), watcher::Config::default()),
+            watcher(
+                Api::<MatrixOneCluster>::all(client.clone()),
+                watcher::Config::default(),
+            ),
         )
         .default_backoff()
         .touched_objects()
@@ -291,7 +304,17 @@ pub async fn run(args: Args) -> Result<()> {
     let mut images_written: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut next_node = 0usize;
     loop {
-        if let Err(e) = tick(&plane, &client, &clusters, &pods, &nodes, &mut images_written, &mut next_node).await {
+        if let Err(e) = tick(
+            &plane,
+            &client,
+            &clusters,
+            &pods,
+            &nodes,
+            &mut images_written,
+            &mut next_node,
+        )
+        .await
+        {
             tracing::warn!(error = %e, "data plane tick failed");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -306,7 +329,10 @@ async fn ensure_nodes(client: &Client, count: usize) -> Result<()> {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
                 labels: Some(BTreeMap::from([
-                    ("ops.matrixorigin.io/simulated".to_string(), "true".to_string()),
+                    (
+                        "ops.matrixorigin.io/simulated".to_string(),
+                        "true".to_string(),
+                    ),
                     ("kubernetes.io/hostname".to_string(), name.clone()),
                 ])),
                 ..ObjectMeta::default()
@@ -433,7 +459,11 @@ async fn tick(
                 .iter()
                 .filter(|p| p.namespace().as_deref() == Some(key.0.as_str()))
                 .filter(|p| {
-                    p.metadata.labels.as_ref().and_then(|l| l.get(LABEL_CLUSTER)) == Some(&key.1)
+                    p.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(LABEL_CLUSTER))
+                        == Some(&key.1)
                 })
                 .collect();
             let mut seen: BTreeSet<String> = BTreeSet::new();
@@ -464,7 +494,11 @@ async fn tick(
                         .get(&node)
                         .is_some_and(|v| v.contains(&version));
                     if present {
-                        writes.push((key.0.clone(), name, json!({"status": {"phase": "Succeeded"}})));
+                        writes.push((
+                            key.0.clone(),
+                            name,
+                            json!({"status": {"phase": "Succeeded"}}),
+                        ));
                     }
                     continue;
                 }
@@ -501,7 +535,12 @@ async fn tick(
                     }
                 }
                 if pod.metadata.deletion_timestamp.is_some() {
-                    sim.model.pod_deleting(&short, &uid);
+                    // The pod's grace period runs in wall-clock time: scaled into the model.
+                    let grace = pod
+                        .metadata
+                        .deletion_grace_period_seconds
+                        .map(|s| plane.to_model(Millis(s.max(0) as u64 * 1000)));
+                    sim.model.pod_deleting(&short, &uid, grace);
                 }
             }
             // Objects gone without us finishing them: force-deleted.
@@ -619,7 +658,11 @@ async fn tick(
             .map(|r| json!({"names": [r], "sizeBytes": 500_000_000}))
             .collect();
         if api
-            .patch_status(&node, &PatchParams::default(), &Patch::Merge(&json!({"status": {"images": list}})))
+            .patch_status(
+                &node,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": {"images": list}})),
+            )
             .await
             .is_ok()
         {

@@ -5,8 +5,8 @@ mod support;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use kube::api::{Api, DeleteParams, ListParams};
 use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use support::{TestNs, small_cluster, wait_for};
@@ -19,7 +19,10 @@ async fn a_bad_spec_is_refused_by_the_api_server_naming_the_field() {
     let mut spec = small_cluster("v1");
     spec["log"]["replicas"] = 4.into();
     let err = t.create("even", spec).await.expect_err("refused");
-    assert!(err.to_string().contains("spec.log.replicas must be odd"), "{err}");
+    assert!(
+        err.to_string().contains("spec.log.replicas must be odd"),
+        "{err}"
+    );
 
     let mut spec = small_cluster("v1");
     spec["upgrade"]["strategy"] = serde_json::json!({"cn": ["cn"]});
@@ -29,7 +32,10 @@ async fn a_bad_spec_is_refused_by_the_api_server_naming_the_field() {
     let mut spec = small_cluster("v1");
     spec["upgrade"]["stallTimeout"] = "1s".into();
     let err = t.create("stall", spec).await.expect_err("refused");
-    assert!(err.to_string().contains("stallTimeout must be longer"), "{err}");
+    assert!(
+        err.to_string().contains("stallTimeout must be longer"),
+        "{err}"
+    );
 
     let mut spec = small_cluster("v1");
     spec["cn"]["groups"] = serde_json::json!([{"name": "log", "replicas": 1}]);
@@ -42,7 +48,9 @@ async fn a_bad_spec_is_refused_by_the_api_server_naming_the_field() {
     assert!(err.to_string().contains("stabilityWindow"), "{err}");
 
     // Immutable after creation.
-    t.create("fixed", small_cluster("v1")).await.expect("valid spec");
+    t.create("fixed", small_cluster("v1"))
+        .await
+        .expect("valid spec");
     let err = t
         .clusters()
         .patch(
@@ -52,18 +60,29 @@ async fn a_bad_spec_is_refused_by_the_api_server_naming_the_field() {
         )
         .await
         .expect_err("shards are immutable");
-    assert!(err.to_string().contains("spec.log.shards is immutable"), "{err}");
+    assert!(
+        err.to_string().contains("spec.log.shards is immutable"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
 async fn a_cluster_becomes_ready_scales_out_and_in_through_the_drain_arbiter_and_is_cleaned_up() {
     let t = TestNs::new("e2e-lifecycle").await;
-    let _operator = t.operator("op-a");
+    let _operator = t.operator_with_deployed_rbac("op-a");
     t.create("mo", small_cluster("v1")).await.expect("create");
     t.wait_ready("mo", READY_LIMIT).await;
     assert_eq!(
         t.pod_names().await,
-        ["mo-log-0", "mo-log-1", "mo-log-2", "mo-proxy-0", "mo-tn-0", "mo-tp-0", "mo-tp-1"]
+        [
+            "mo-log-0",
+            "mo-log-1",
+            "mo-log-2",
+            "mo-proxy-0",
+            "mo-tn-0",
+            "mo-tp-0",
+            "mo-tp-1"
+        ]
     );
     let cluster = t.cluster("mo").await;
     let status = cluster.status.expect("status");
@@ -73,24 +92,35 @@ async fn a_cluster_becomes_ready_scales_out_and_in_through_the_drain_arbiter_and
     // Printer columns.
     let out = t.kubectl(&["get", "moc", "-n", &t.ns]);
     let table = String::from_utf8_lossy(&out.stdout);
-    assert!(table.contains("VERSION") && table.contains("WAITING-ON"), "{table}");
+    assert!(
+        table.contains("VERSION") && table.contains("WAITING-ON"),
+        "{table}"
+    );
 
     // Scale out: a new CN registers and serves.
-    t.patch_spec("mo", serde_json::json!({"cn": {"groups": [{"name": "tp", "replicas": 3}]}}))
-        .await;
+    t.patch_spec(
+        "mo",
+        serde_json::json!({"cn": {"groups": [{"name": "tp", "replicas": 3}]}}),
+    )
+    .await;
     wait_for("mo-tp-2 registered and ready", READY_LIMIT, || async {
         let c = t.cluster("mo").await;
         let s = c.status?;
         (s.components["cn"].ready == 3
-            && s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            && s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True"))
         .then_some(())
     })
     .await;
     let old_uid = t.pods().get("mo-tp-2").await.expect("pod").uid();
 
     // Scale in: the pod leaves only after the drain of that instance is confirmed.
-    t.patch_spec("mo", serde_json::json!({"cn": {"groups": [{"name": "tp", "replicas": 2}]}}))
-        .await;
+    t.patch_spec(
+        "mo",
+        serde_json::json!({"cn": {"groups": [{"name": "tp", "replicas": 2}]}}),
+    )
+    .await;
     let mut stages = BTreeSet::new();
     let start = std::time::Instant::now();
     loop {
@@ -103,7 +133,10 @@ async fn a_cluster_becomes_ready_scales_out_and_in_through_the_drain_arbiter_and
         if t.pods().get_opt("mo-tp-2").await.expect("get").is_none() {
             break;
         }
-        assert!(start.elapsed() < READY_LIMIT, "mo-tp-2 not removed; stages {stages:?}");
+        assert!(
+            start.elapsed() < READY_LIMIT,
+            "mo-tp-2 not removed; stages {stages:?}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(
@@ -113,10 +146,23 @@ async fn a_cluster_becomes_ready_scales_out_and_in_through_the_drain_arbiter_and
     t.wait_ready("mo", READY_LIMIT).await;
     let events = t.kubectl(&["get", "events", "-n", &t.ns, "-o", "json"]);
     let events = String::from_utf8_lossy(&events.stdout);
-    assert!(events.contains("DrainConfirmed"), "event for the confirmation");
+    assert!(
+        events.contains("DrainConfirmed"),
+        "event for the confirmation"
+    );
     let report = t.report("mo").await;
-    assert_eq!(report.unsafe_actions.total(), 0, "{:?}", report.unsafe_action_log);
-    assert_eq!(report.txns.failed_definite + report.txns.unknown, 0, "{:?}", report.txns);
+    assert_eq!(
+        report.unsafe_actions.total(),
+        0,
+        "{:?}",
+        report.unsafe_action_log
+    );
+    assert_eq!(
+        report.txns.failed_definite + report.txns.unknown,
+        0,
+        "{:?}",
+        report.txns
+    );
     assert!(report.txns.committed > 0);
 
     // Delete: the finalizer runs, the garbage collector removes what the cluster owned.
@@ -156,13 +202,14 @@ async fn watch_uids(t: &TestNs, seen: &mut BTreeMap<String, BTreeSet<String>>) {
 #[tokio::test]
 async fn an_upgrade_survives_operator_kills_and_restarts_each_pod_exactly_once() {
     let t = TestNs::new("e2e-upgrade").await;
-    let mut operator = t.operator("op-1");
+    let mut operator = t.operator_with_deployed_rbac("op-1");
     t.create("mo", small_cluster("v1")).await.expect("create");
     t.wait_ready("mo", READY_LIMIT).await;
     let mut uids = BTreeMap::new();
     watch_uids(&t, &mut uids).await;
 
-    t.patch_spec("mo", serde_json::json!({"version": "v2"})).await;
+    t.patch_spec("mo", serde_json::json!({"version": "v2"}))
+        .await;
     // Kill the operator in the LOG phase, once a LOG pod has been restarted.
     let mut kills = 0;
     let mut generation = 1;
@@ -189,12 +236,18 @@ async fn an_upgrade_survives_operator_kills_and_restarts_each_pod_exactly_once()
             kills += 1;
             generation += 1;
             // The new replica must wait out the old lease, then resume from the record.
-            operator = t.operator(&format!("op-{generation}"));
+            operator = t.operator_with_deployed_rbac(&format!("op-{generation}"));
         }
-        assert!(start.elapsed() < limit, "upgrade did not finish; at step {step}");
+        assert!(
+            start.elapsed() < limit,
+            "upgrade did not finish; at step {step}"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    assert_eq!(kills, 2, "the operator was killed in the LOG and in the CN phase");
+    assert_eq!(
+        kills, 2,
+        "the operator was killed in the LOG and in the CN phase"
+    );
     t.wait_ready("mo", READY_LIMIT).await;
     watch_uids(&t, &mut uids).await;
     for (pod, seen) in &uids {
@@ -213,14 +266,27 @@ async fn an_upgrade_survives_operator_kills_and_restarts_each_pod_exactly_once()
         })
         .collect();
     for (pod, image) in &images {
-        assert!(image.ends_with(":v2"), "{pod} runs {image}; all: {images:?}");
+        assert!(
+            image.ends_with(":v2"),
+            "{pod} runs {image}; all: {images:?}"
+        );
     }
     let status = t.cluster("mo").await.status.expect("status");
     assert_eq!(status.rollout.expect("rollout").step, "complete");
     let report = t.report("mo").await;
     assert_eq!(report.tn_fatal_exits, 0);
-    assert_eq!(report.unsafe_actions.total(), 0, "{:?}", report.unsafe_action_log);
-    assert_eq!(report.txns.unknown + report.txns.failed_definite, 0, "{:?}", report.txns);
+    assert_eq!(
+        report.unsafe_actions.total(),
+        0,
+        "{:?}",
+        report.unsafe_action_log
+    );
+    assert_eq!(
+        report.txns.unknown + report.txns.failed_definite,
+        0,
+        "{:?}",
+        report.txns
+    );
 }
 
 #[tokio::test]
@@ -246,8 +312,11 @@ async fn a_drain_resumes_after_an_operator_restart_and_two_replicas_never_act_to
 
     // Scale in; kill the leader while the drain is in progress.
     let victim = t.pods().get("mo-tp-2").await.expect("pod").uid();
-    t.patch_spec("mo", serde_json::json!({"cn": {"groups": [{"name": "tp", "replicas": 2}]}}))
-        .await;
+    t.patch_spec(
+        "mo",
+        serde_json::json!({"cn": {"groups": [{"name": "tp", "replicas": 2}]}}),
+    )
+    .await;
     wait_for("a drain in progress", READY_LIMIT, || async {
         let s = t.cluster("mo").await.status?;
         s.drains
@@ -259,15 +328,30 @@ async fn a_drain_resumes_after_an_operator_restart_and_two_replicas_never_act_to
     a.kill();
     // The standby takes over and finishes the drain it finds in the record.
     wait_for("mo-tp-2 removed by the new leader", READY_LIMIT, || async {
-        t.pods().get_opt("mo-tp-2").await.ok()?.is_none().then_some(())
+        t.pods()
+            .get_opt("mo-tp-2")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
     })
     .await;
     assert!(b.alive());
     assert!(leads(&b.metrics().await));
     t.wait_ready("mo", READY_LIMIT).await;
     let report = t.report("mo").await;
-    assert_eq!(report.unsafe_actions.total(), 0, "{:?}", report.unsafe_action_log);
-    assert_eq!(report.txns.unknown + report.txns.failed_definite, 0, "{:?}", report.txns);
+    assert_eq!(
+        report.unsafe_actions.total(),
+        0,
+        "{:?}",
+        report.unsafe_action_log
+    );
+    assert_eq!(
+        report.txns.unknown + report.txns.failed_definite,
+        0,
+        "{:?}",
+        report.txns
+    );
     let events = t.kubectl(&["get", "events", "-n", &t.ns, "-o", "json"]);
     let events = String::from_utf8_lossy(&events.stdout).to_string();
     let deletions = events.matches("deleting pod mo-tp-2").count();

@@ -213,14 +213,18 @@ impl AttachedCluster {
         }
     }
 
-    /// A graceful deletion of pod object `uid` was requested (deletionTimestamp set).
-    pub fn pod_deleting(&mut self, name: &str, uid: &str) {
+    /// A graceful deletion of pod object `uid` was requested (deletionTimestamp set) with
+    /// `grace` (in model time) before SIGKILL; `None` keeps the model's default.
+    pub fn pod_deleting(&mut self, name: &str, uid: &str, grace: Option<Millis>) {
         self.waiting.retain(|n, (u, _, _)| !(n == name && u == uid));
         let Some(&(ref attached_uid, p)) = self.attached.get(name) else {
             return;
         };
         if attached_uid != uid {
             return;
+        }
+        if self.sim.pods[p].deletion.is_none() {
+            self.sim.pods[p].grace_override = grace;
         }
         self.sim
             .delete_pod(p, Cause::Voluntary, false, "deleted through the API server");
@@ -229,7 +233,7 @@ impl AttachedCluster {
     /// The object vanished without our kubelet finishing it (a force delete): the container
     /// is killed at once.
     pub fn pod_vanished(&mut self, name: &str, uid: &str) {
-        self.pod_deleting(name, uid);
+        self.pod_deleting(name, uid, Some(Millis::ZERO));
         if let Some(&(ref attached_uid, p)) = self.attached.get(name)
             && attached_uid == uid
         {
@@ -359,7 +363,7 @@ mod tests {
         boot(&mut cluster);
         cluster.advance_to(Millis::from_mins(10));
         let before = cluster.kernel_view().hakeeper.expect("up").cns;
-        cluster.pod_deleting("proxy-0", "uid-proxy-0");
+        cluster.pod_deleting("proxy-0", "uid-proxy-0", None);
         cluster.advance_to(Millis::from_mins(12));
         let proxy = |c: &AttachedCluster| {
             c.pod_reports()

@@ -258,8 +258,11 @@ pub fn spawn_for_process(command: Command, log: PathBuf) -> Result<u32, TestEnvE
     Spawner::get().spawn((command, log))
 }
 
+/// A command, where its output goes, and where to send the pid.
+type SpawnRequest = (Command, PathBuf, mpsc::Sender<std::io::Result<u32>>);
+
 struct Spawner {
-    requests: Mutex<mpsc::Sender<(Command, PathBuf, mpsc::Sender<std::io::Result<u32>>)>>,
+    requests: Mutex<mpsc::Sender<SpawnRequest>>,
 }
 
 impl Spawner {

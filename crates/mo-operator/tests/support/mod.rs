@@ -34,8 +34,15 @@ pub fn shared() -> &'static Shared {
     SHARED.get_or_init(|| {
         let plane = mo_testenv::shared().expect("test control plane");
         let kubeconfig = plane.kubeconfig().to_path_buf();
-        let crd = Command::new(BIN).arg("crds").output().expect("mo-operator crds");
-        assert!(crd.status.success(), "crds: {}", String::from_utf8_lossy(&crd.stderr));
+        let crd = Command::new(BIN)
+            .arg("crds")
+            .output()
+            .expect("mo-operator crds");
+        assert!(
+            crd.status.success(),
+            "crds: {}",
+            String::from_utf8_lossy(&crd.stderr)
+        );
         let crd_file = log_dir().join("crd.yaml");
         std::fs::write(&crd_file, &crd.stdout).expect("write crd");
         let kubectl = |args: &[&str]| {
@@ -50,7 +57,12 @@ pub fn shared() -> &'static Shared {
                 String::from_utf8_lossy(&out.stderr)
             );
         };
-        kubectl(&["apply", "--server-side", "-f", crd_file.to_str().expect("utf-8")]);
+        kubectl(&[
+            "apply",
+            "--server-side",
+            "-f",
+            crd_file.to_str().expect("utf-8"),
+        ]);
         kubectl(&[
             "wait",
             "--for=condition=Established",
@@ -74,7 +86,10 @@ pub fn shared() -> &'static Shared {
         mo_testenv::spawn_for_process(command, log_dir().join("kubelet.log")).expect("kubelet");
         let start = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(start.elapsed() < Duration::from_secs(60), "kubelet did not listen");
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "kubelet did not listen"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         Shared {
@@ -95,6 +110,22 @@ impl Operator {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub async fn latency(&self) -> serde_json::Value {
+        reqwest::get(format!(
+            "http://127.0.0.1:{}/debug/reconcile-latency",
+            self.metrics_port
+        ))
+        .await
+        .expect("latency endpoint")
+        .json()
+        .await
+        .expect("latency json")
     }
 
     pub fn alive(&mut self) -> bool {
@@ -148,7 +179,66 @@ impl TestNs {
         }
     }
 
+    /// An operator that authenticates as a ServiceAccount bound to `deploy/rbac.yaml`'s
+    /// roles (renamed for this namespace): the least-privilege RBAC is what it runs with.
+    pub fn operator_with_deployed_rbac(&self, identity: &str) -> Operator {
+        let rbac = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/rbac.yaml"
+        ))
+        .expect("deploy/rbac.yaml");
+        let sa = format!("mo-operator-{}", self.ns);
+        let rbac = rbac
+            .replace("name: mo-operator", &format!("name: {sa}"))
+            .replace("namespace: mo-system", &format!("namespace: {}", self.ns));
+        let file = log_dir().join(format!("{}-rbac.yaml", self.ns));
+        std::fs::write(&file, rbac).expect("write rbac");
+        let out = self.kubectl(&["apply", "-f", file.to_str().expect("utf-8")]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = self.kubectl(&["create", "token", &sa, "-n", &self.ns, "--duration=2h"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let admin: serde_json::Value = serde_yaml_ng::from_str(
+            &std::fs::read_to_string(self.shared.plane.kubeconfig()).expect("kubeconfig"),
+        )
+        .expect("kubeconfig yaml");
+        let cluster = &admin["clusters"][0]["cluster"];
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: sa\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: sa\ncurrent-context: c\n",
+            cluster["server"].as_str().expect("server"),
+            cluster["certificate-authority-data"].as_str().expect("ca"),
+        );
+        let path = log_dir().join(format!("{}-{identity}.kubeconfig", self.ns));
+        std::fs::write(&path, kubeconfig).expect("write kubeconfig");
+        self.spawn_operator(identity, &path)
+    }
+
     pub fn operator(&self, identity: &str) -> Operator {
+        self.spawn_operator(identity, self.shared.plane.kubeconfig())
+    }
+
+    fn spawn_operator(&self, identity: &str, kubeconfig: &std::path::Path) -> Operator {
+        self.spawn_operator_ticking(identity, kubeconfig, "250ms")
+    }
+
+    pub fn operator_ticking(&self, identity: &str, tick: &str) -> Operator {
+        self.spawn_operator_ticking(identity, self.shared.plane.kubeconfig(), tick)
+    }
+
+    fn spawn_operator_ticking(
+        &self,
+        identity: &str,
+        kubeconfig: &std::path::Path,
+        tick: &str,
+    ) -> Operator {
         let port = mo_testenv::free_port().expect("port");
         let mut command = Command::new(BIN);
         command
@@ -157,7 +247,7 @@ impl TestNs {
                 "--admin-endpoint",
                 &self.shared.admin,
                 "--tick",
-                "250ms",
+                tick,
                 "--listen",
                 &format!("127.0.0.1:{port}"),
                 "--lease-namespace",
@@ -169,7 +259,7 @@ impl TestNs {
                 "--lease-duration",
                 "4s",
             ])
-            .env("KUBECONFIG", self.shared.plane.kubeconfig())
+            .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,kube=warn");
         let log = log_dir().join(format!("{}-{identity}.log", self.ns));
         let out = std::fs::OpenOptions::new()
@@ -195,7 +285,11 @@ impl TestNs {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
-    pub async fn create(&self, name: &str, spec: serde_json::Value) -> Result<MatrixOneCluster, kube::Error> {
+    pub async fn create(
+        &self,
+        name: &str,
+        spec: serde_json::Value,
+    ) -> Result<MatrixOneCluster, kube::Error> {
         let cluster: MatrixOneCluster = serde_json::from_value(serde_json::json!({
             "apiVersion": "ops.matrixorigin.io/v1alpha1",
             "kind": "MatrixOneCluster",
@@ -203,7 +297,9 @@ impl TestNs {
             "spec": spec,
         }))
         .expect("cluster object");
-        self.clusters().create(&PostParams::default(), &cluster).await
+        self.clusters()
+            .create(&PostParams::default(), &cluster)
+            .await
     }
 
     pub async fn patch_spec(&self, name: &str, spec: serde_json::Value) {
@@ -260,11 +356,7 @@ impl TestNs {
             .expect("list pods")
             .items
             .iter()
-            .filter(|p| {
-                p.labels()
-                    .get("ops.matrixorigin.io/prepull")
-                    .is_none()
-            })
+            .filter(|p| p.labels().get("ops.matrixorigin.io/prepull").is_none())
             .map(|p| p.name_any())
             .collect();
         names.sort();

@@ -32,6 +32,7 @@ impl Simulation {
             cn_group: None,
             pool_phase: None,
             cn_uuid: (component == Component::Cn).then(|| cn_uuid(name)),
+            grace_override: None,
         });
         self.pod_by_name.insert(name.to_string(), id);
         id
@@ -171,7 +172,10 @@ impl Simulation {
         let name = self.pods[p].name.clone();
         self.trace(&name, "sigterm", || "SIGTERM".into());
         self.log("kubelet", || format!("{name}: SIGTERM"));
-        self.after(self.t.termination_grace, Ev::PodKill(p, epoch));
+        let grace = self.pods[p]
+            .grace_override
+            .unwrap_or_else(|| self.t.termination_grace.millis());
+        self.schedule(self.now + grace, Ev::PodKill(p, epoch));
         match self.pods[p].component {
             Component::Log => {
                 self.log_store_stopped(&name);

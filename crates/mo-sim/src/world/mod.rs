@@ -78,6 +78,8 @@ pub(crate) struct Pod {
     pub pool_phase: Option<PoolPhase>,
     /// For CN pods: the UUID derived from the pod's name.
     pub cn_uuid: Option<String>,
+    /// The grace period of this pod's deletion when the API server gave one (attached mode).
+    pub grace_override: Option<Millis>,
 }
 
 #[derive(Clone, Debug)]

@@ -1,0 +1,77 @@
+//! Operator footprint with 50 clusters on the test control plane (a measurement, run on
+//! demand): `cargo test --release -p mo-operator --test scale -- --ignored --nocapture`.
+//! Writes `target/figures/operator-50-clusters.json`.
+
+mod support;
+
+use std::time::{Duration, Instant};
+use support::{TestNs, wait_for};
+
+const CLUSTERS: usize = 50;
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+#[ignore = "measurement: 50 clusters, several minutes"]
+async fn fifty_clusters_reach_ready_and_the_operator_footprint_is_measured() {
+    let t = TestNs::new("scale-50").await;
+    let operator = t.operator_ticking("op-scale", "1s");
+    let start = Instant::now();
+    for i in 0..CLUSTERS {
+        let mut spec = support::small_cluster("v1");
+        spec["cn"]["groups"] = serde_json::json!([{"name": "tp", "replicas": 1}]);
+        t.create(&format!("mo-{i:02}"), spec).await.expect("create");
+    }
+    wait_for("all clusters Ready", Duration::from_secs(1200), || async {
+        let list = t.clusters().list(&Default::default()).await.ok()?;
+        let ready = list
+            .items
+            .iter()
+            .filter(|c| {
+                c.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+                })
+            })
+            .count();
+        (ready == CLUSTERS).then_some(())
+    })
+    .await;
+    let all_ready = start.elapsed();
+    // Steady state: every cluster is reconciled every tick.
+    let mut peak = 0;
+    let steady = Instant::now();
+    while steady.elapsed() < Duration::from_secs(60) {
+        peak = peak.max(rss_kib(operator.pid()));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let latency = operator.latency().await;
+    let figures = serde_json::json!({
+        "clusters": CLUSTERS,
+        "pods": CLUSTERS * 7,
+        "all_ready_seconds": all_ready.as_secs_f64(),
+        "operator_rss_mib_now": rss_kib(operator.pid()) as f64 / 1024.0,
+        "operator_rss_mib_peak_steady": peak as f64 / 1024.0,
+        "reconcile_latency": latency,
+    });
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("../figures");
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(
+        dir.join("operator-50-clusters.json"),
+        serde_json::to_string_pretty(&figures).expect("json"),
+    )
+    .expect("write figures");
+    println!("{}", serde_json::to_string_pretty(&figures).expect("json"));
+    assert!(latency["samples"].as_u64().unwrap_or(0) >= CLUSTERS as u64 * 30);
+}
