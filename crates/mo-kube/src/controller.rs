@@ -64,6 +64,8 @@ struct ClusterState {
     /// The template versions this process last recorded: the cached object's status may lag
     /// behind our own writes, and a stale version would recreate a pod on the old image.
     templates: Option<BTreeMap<String, String>>,
+    /// Budgets last applied (applied again only when they change).
+    budgets: Option<BTreeMap<Component, crate::protection::Budget>>,
 }
 
 pub struct Context {
@@ -345,6 +347,8 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
     }
     state.templates = Some(templates.clone());
     update_gauges(&ctx.metrics, &cluster, &new_status, policy);
+    let protection = crate::protection::compute(&observation, policy);
+    protect(&ctx, &cluster, &pods, &protection, &mut state.budgets).await?;
 
     for note in &decision.notes {
         let (type_, reason, text) = describe_note(note);
@@ -497,6 +501,60 @@ async fn ensure_children(
             let _ = pod_api
                 .delete(&pod.name_any(), &DeleteParams::default())
                 .await;
+        }
+    }
+    Ok(())
+}
+
+/// Disruption budgets and autoscaler annotations from this tick's observation.
+async fn protect(
+    ctx: &Context,
+    cluster: &MatrixOneCluster,
+    pods: &[Pod],
+    protection: &crate::protection::Protection,
+    applied: &mut Option<BTreeMap<Component, crate::protection::Budget>>,
+) -> Result<(), Error> {
+    use crate::protection::{DO_NOT_DISRUPT, SAFE_TO_EVICT};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let ns = cluster.namespace().unwrap_or_default();
+    if applied.as_ref() != Some(&protection.budgets) {
+        let api: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), &ns);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        for (component, budget) in &protection.budgets {
+            let pdb = resources::pdb(cluster, *component, budget.max_unavailable, &budget.reason);
+            api.patch(&pdb.name_any(), &params, &Patch::Apply(&pdb))
+                .await?;
+        }
+        *applied = Some(protection.budgets.clone());
+    }
+    let pod_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    for pod in pods {
+        let name = pod.name_any();
+        let Some(&pinned) = protection.pinned.get(&name) else {
+            continue;
+        };
+        if pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        let current = annotations.get(DO_NOT_DISRUPT).map(String::as_str) == Some("true")
+            && annotations.get(SAFE_TO_EVICT).map(String::as_str) == Some("false");
+        let absent =
+            !annotations.contains_key(DO_NOT_DISRUPT) && !annotations.contains_key(SAFE_TO_EVICT);
+        if (pinned && current) || (!pinned && absent) {
+            continue;
+        }
+        let patch = if pinned {
+            serde_json::json!({"metadata": {"annotations": {DO_NOT_DISRUPT: "true", SAFE_TO_EVICT: "false"}}})
+        } else {
+            serde_json::json!({"metadata": {"annotations": {DO_NOT_DISRUPT: null, SAFE_TO_EVICT: null}}})
+        };
+        match pod_api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) | Err(kube::Error::Api(_)) => {}
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(())

@@ -8,5 +8,6 @@ pub mod crd;
 pub mod leader;
 pub mod metrics;
 pub mod observation;
+pub mod protection;
 pub mod resources;
 pub mod status;

@@ -43,13 +43,22 @@ pub fn is_ready(pod: &Pod) -> bool {
 
 /// The version the container runs: the kubelet's report when there is one, else the spec.
 pub fn running_version(pod: &Pod) -> String {
-    let reported = pod
-        .status
+    pod.status
         .as_ref()
         .and_then(|s| s.container_statuses.as_ref())
         .and_then(|cs| cs.iter().find(|c| c.name == "main"))
-        .and_then(|c| version_of_image(&c.image).map(str::to_string));
-    reported
+        .and_then(|c| version_of_image(&c.image).map(str::to_string))
+        .unwrap_or_else(|| spec_version(pod))
+}
+
+/// The version the pod was created with: its image tag, else its version annotation.
+pub fn spec_version(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.as_deref())
+        .and_then(version_of_image)
+        .map(str::to_string)
         .or_else(|| {
             pod.metadata
                 .annotations

@@ -320,6 +320,39 @@ pub fn config_map(cluster: &MatrixOneCluster) -> ConfigMap {
     }
 }
 
+/// The disruption budget of one component, computed by the operator each tick.
+pub fn pdb(
+    cluster: &MatrixOneCluster,
+    component: Component,
+    max_unavailable: i32,
+    reason: &str,
+) -> k8s_openapi::api::policy::v1::PodDisruptionBudget {
+    use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let name = cluster.metadata.name.clone().unwrap_or_default();
+    let mut metadata = meta(
+        cluster,
+        format!("{name}-{}", component.as_str()),
+        Some(component),
+    );
+    metadata.annotations = Some(BTreeMap::from([(
+        "ops.matrixorigin.io/reason".to_string(),
+        reason.to_string(),
+    )]));
+    PodDisruptionBudget {
+        metadata,
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(max_unavailable)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector(&name, component)),
+                ..LabelSelector::default()
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        status: None,
+    }
+}
+
 /// API group/version string of the CRD (for owner references in tests and manifests).
 pub fn api_version() -> String {
     format!("{GROUP}/v1alpha1")

@@ -22,10 +22,7 @@ use kube::{Client, ResourceExt};
 use mo_core::component::cn_uuid;
 use mo_core::{Action, ActionError, ActionOutput, KernelView, Millis};
 use mo_kube::crd::MatrixOneCluster;
-use mo_kube::resources::{
-    ANNOTATION_VERSION, LABEL_CLUSTER, LABEL_MANAGED_BY, LABEL_PREPULL, MANAGED_BY,
-    version_of_image,
-};
+use mo_kube::resources::{LABEL_CLUSTER, LABEL_MANAGED_BY, LABEL_PREPULL, MANAGED_BY};
 use mo_sim::Scenario;
 use mo_sim::attached::AttachedCluster;
 use serde_json::json;
@@ -363,22 +360,6 @@ fn short_name<'a>(key: &Key, pod: &'a str) -> Option<&'a str> {
     pod.strip_prefix(&SimCluster::prefix(key))
 }
 
-fn pod_version(pod: &Pod) -> String {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.image.as_deref())
-        .and_then(version_of_image)
-        .map(str::to_string)
-        .or_else(|| {
-            pod.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(ANNOTATION_VERSION).cloned())
-        })
-        .unwrap_or_default()
-}
-
 #[allow(clippy::too_many_arguments)]
 async fn tick(
     plane: &DataPlane,
@@ -482,7 +463,7 @@ async fn tick(
                     if phase.as_deref() == Some("Succeeded") {
                         continue;
                     }
-                    let version = pod_version(pod);
+                    let version = mo_kube::observation::spec_version(pod);
                     let Some(node) = node else { continue };
                     let _ = sim.model.admin_call(&Action::PrePullImage {
                         node: node.clone(),
@@ -514,7 +495,12 @@ async fn tick(
                     continue;
                 };
                 if !sim.bound.contains_key(&uid) {
-                    match sim.model.pod_bound(&short, &uid, &node, &pod_version(pod)) {
+                    match sim.model.pod_bound(
+                        &short,
+                        &uid,
+                        &node,
+                        &mo_kube::observation::spec_version(pod),
+                    ) {
                         Ok(()) => {
                             sim.bound.insert(uid.clone(), short.clone());
                             if pod

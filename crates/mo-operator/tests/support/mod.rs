@@ -372,6 +372,29 @@ impl TestNs {
     }
 }
 
+/// The data plane's independent observer saw no harm: no unsafe action, no transaction
+/// failed or ended unknown, no TN fatal exit.
+pub fn assert_no_harm(report: &mo_sim::Report) {
+    assert_eq!(
+        report.unsafe_actions.total(),
+        0,
+        "{:?}",
+        report.unsafe_action_log
+    );
+    assert_eq!(
+        report.txns.failed_definite + report.txns.unknown,
+        0,
+        "{:?}",
+        report.txns
+    );
+    assert_eq!(report.tn_fatal_exits, 0);
+    assert!(
+        report.txns.committed > 0,
+        "the workload ran: {:?}",
+        report.txns
+    );
+}
+
 /// Polls `check` until it answers, or fails the test with what it waited for.
 pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
 where
