@@ -262,11 +262,7 @@ impl TestNs {
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,kube=warn");
         let log = log_dir().join(format!("{}-{identity}.log", self.ns));
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .expect("log file");
+        let out = std::fs::File::create(&log).expect("log file");
         let err = out.try_clone().expect("log file");
         command.stdout(out).stderr(err).stdin(Stdio::null());
         let child = command.spawn().expect("operator starts");
