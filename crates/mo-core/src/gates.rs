@@ -222,6 +222,13 @@ pub fn component_gate(obs: &Observation, component: Component, version: &str) ->
     if pods.is_empty() {
         return Err(format!("no {component} pods"));
     }
+    // A pod that is not there cannot be judged healthy: the gate waits for it.
+    if let Some(&want) = obs.desired.replicas.get(&component) {
+        let live = pods.iter().filter(|p| !p.terminating).count();
+        if live < want {
+            return Err(format!("{live} of {want} {component} pods exist"));
+        }
+    }
     match component {
         Component::Log => {
             for p in &pods {

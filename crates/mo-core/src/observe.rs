@@ -187,6 +187,11 @@ pub struct UpgradeSpec {
 pub struct DesiredState {
     pub upgrade: Option<UpgradeSpec>,
     pub removals: Vec<RemovalRequest>,
+    /// Pods the spec asks for, per component. A component with fewer live pods than this has
+    /// a pod missing (deleted and not yet recreated): its gate does not hold. Components not
+    /// listed are judged on the pods observed.
+    #[serde(default)]
+    pub replicas: BTreeMap<Component, usize>,
 }
 
 /// What the kernel's admin side answers (HAKeeper, the TN lock allocator, CN query services,

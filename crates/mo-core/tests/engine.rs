@@ -188,6 +188,22 @@ fn proxy_gate_needs_a_route() {
     assert!(gates::component_gate(&o, Component::Proxy, "v1").is_ok());
 }
 
+#[test]
+fn a_component_gate_waits_for_a_missing_pod() {
+    let mut o = cluster("v1");
+    o.desired.replicas.insert(Component::Cn, 3);
+    let err = gates::component_gate(&o, Component::Cn, "v1").expect_err("one CN is missing");
+    assert!(err.contains("2 of 3 cn pods exist"), "{err}");
+    o.desired.replicas.insert(Component::Cn, 2);
+    assert!(gates::component_gate(&o, Component::Cn, "v1").is_ok());
+    o.pods
+        .iter_mut()
+        .find(|p| p.name == "cn-1")
+        .expect("cn-1")
+        .terminating = true;
+    assert!(gates::component_gate(&o, Component::Cn, "v1").is_err());
+}
+
 fn upgrade(o: &mut Observation, strategy: &str) {
     o.desired.upgrade = Some(UpgradeSpec {
         target_version: "v2".into(),

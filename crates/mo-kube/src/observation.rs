@@ -192,6 +192,13 @@ pub fn build(
                 strategy,
             }),
             removals: removals(cluster, pods, now),
+            // On Kubernetes a deleted pod is absent until its workload recreates it.
+            replicas: cluster
+                .spec
+                .desired_pods()
+                .into_iter()
+                .map(|(c, names)| (c, names.len()))
+                .collect(),
         },
     }
 }

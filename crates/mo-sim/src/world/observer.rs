@@ -146,6 +146,8 @@ impl Simulation {
             desired: DesiredState {
                 upgrade: self.upgrade.clone(),
                 removals: self.removals.clone(),
+                // The simulated workloads recreate a pod at once (as Pending): it is observed.
+                replicas: BTreeMap::new(),
             },
         }
     }
