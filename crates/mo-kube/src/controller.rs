@@ -19,8 +19,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
-use kube::runtime::reflector::{self, Store, reflector};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use mo_core::{
     Action, ActionError, ActionOutput, ActionResult, Component, Millis, Policy, PolicyInput,
@@ -134,27 +134,11 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let pod_selector = format!("{}={}", resources::LABEL_MANAGED_BY, resources::MANAGED_BY);
-    let (pods, pod_writer) = reflector::store();
-    let pod_watch = reflector(
-        pod_writer,
-        watcher(
-            scoped::<Pod>(&client, settings.namespace.as_deref()),
-            watcher::Config::default().labels(&pod_selector),
-        ),
-    )
-    .default_backoff()
-    .touched_objects()
-    .for_each(|_| futures::future::ready(()));
-    let (nodes, node_writer) = reflector::store();
-    let node_watch = reflector(
-        node_writer,
-        watcher(Api::<Node>::all(client.clone()), watcher::Config::default()),
-    )
-    .default_backoff()
-    .touched_objects()
-    .for_each(|_| futures::future::ready(()));
-    tokio::spawn(pod_watch);
-    tokio::spawn(node_watch);
+    let pods = crate::cache::cache(
+        scoped::<Pod>(&client, settings.namespace.as_deref()),
+        watcher::Config::default().labels(&pod_selector),
+    );
+    let nodes = crate::cache::cache(Api::<Node>::all(client.clone()), watcher::Config::default());
     let _ = pods.wait_until_ready().await;
     let _ = nodes.wait_until_ready().await;
     let recorder = Recorder::new(
@@ -553,7 +537,9 @@ async fn protect(
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) | Err(kube::Error::Api(_)) => {}
+            // Gone meanwhile: nothing left to pin.
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => return Err(e.into()),
         }
     }

@@ -3,6 +3,7 @@
 //! core's progress record, and carries out its actions.
 
 pub mod admin;
+pub mod cache;
 pub mod controller;
 pub mod crd;
 pub mod leader;

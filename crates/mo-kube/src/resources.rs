@@ -116,10 +116,19 @@ fn pod_template(
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels),
-            annotations: Some(BTreeMap::from([(
-                ANNOTATION_VERSION.to_string(),
-                version.to_string(),
-            )])),
+            // Born pinned for autoscalers: the operator lifts the hints once moving is safe,
+            // so a failed or late update never leaves a new pod unprotected.
+            annotations: Some(BTreeMap::from([
+                (ANNOTATION_VERSION.to_string(), version.to_string()),
+                (
+                    crate::protection::DO_NOT_DISRUPT.to_string(),
+                    "true".to_string(),
+                ),
+                (
+                    crate::protection::SAFE_TO_EVICT.to_string(),
+                    "false".to_string(),
+                ),
+            ])),
             ..ObjectMeta::default()
         }),
         spec: Some(pod_spec(cluster, component, version)),
@@ -401,6 +410,12 @@ mod tests {
         let labels = pod.metadata.labels.expect("labels");
         assert_eq!(labels[LABEL_CN_GROUP], "tp");
         assert_eq!(labels[LABEL_COMPONENT], "cn");
+        let annotations = pod.metadata.annotations.clone().expect("annotations");
+        assert_eq!(
+            annotations[crate::protection::DO_NOT_DISRUPT],
+            "true",
+            "born pinned"
+        );
         assert_eq!(
             pod.spec.expect("spec").containers[0].image.as_deref(),
             Some("matrixorigin/matrixone:v1.2.0")

@@ -12,15 +12,15 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::reflector::{self, Store, reflector};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use mo_core::component::cn_uuid;
 use mo_core::{Action, ActionError, ActionOutput, KernelView, Millis};
+use mo_kube::cache::cache;
 use mo_kube::crd::MatrixOneCluster;
 use mo_kube::resources::{LABEL_CLUSTER, LABEL_MANAGED_BY, LABEL_PREPULL, MANAGED_BY};
 use mo_sim::Scenario;
@@ -259,42 +259,15 @@ pub async fn run(args: Args) -> Result<()> {
         }
     });
 
-    let (clusters, cluster_writer) = reflector::store::<MatrixOneCluster>();
-    tokio::spawn(
-        reflector(
-            cluster_writer,
-            watcher(
-                Api::<MatrixOneCluster>::all(client.clone()),
-                watcher::Config::default(),
-            ),
-        )
-        .default_backoff()
-        .touched_objects()
-        .for_each(|_| futures::future::ready(())),
+    let clusters = cache(
+        Api::<MatrixOneCluster>::all(client.clone()),
+        watcher::Config::default(),
     );
-    let (pods, pod_writer) = reflector::store::<Pod>();
-    tokio::spawn(
-        reflector(
-            pod_writer,
-            watcher(
-                Api::<Pod>::all(client.clone()),
-                watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}")),
-            ),
-        )
-        .default_backoff()
-        .touched_objects()
-        .for_each(|_| futures::future::ready(())),
+    let pods = cache(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}")),
     );
-    let (nodes, node_writer) = reflector::store::<Node>();
-    tokio::spawn(
-        reflector(
-            node_writer,
-            watcher(Api::<Node>::all(client.clone()), watcher::Config::default()),
-        )
-        .default_backoff()
-        .touched_objects()
-        .for_each(|_| futures::future::ready(())),
-    );
+    let nodes = cache(Api::<Node>::all(client.clone()), watcher::Config::default());
     clusters.wait_until_ready().await?;
     pods.wait_until_ready().await?;
     nodes.wait_until_ready().await?;

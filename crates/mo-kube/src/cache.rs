@@ -1,0 +1,24 @@
+//! A watched, self-healing cache of one kind of object (a reflector store fed by a spawned
+//! watch stream with backoff).
+
+use futures::StreamExt;
+use kube::Api;
+use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
+
+/// Starts watching `api` (filtered by `config`) and returns the store it keeps current.
+pub fn cache<K>(api: Api<K>, config: watcher::Config) -> Store<K>
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector(writer, watcher(api, config))
+        .default_backoff()
+        .touched_objects()
+        .for_each(|_| futures::future::ready(()));
+    tokio::spawn(stream);
+    store
+}
