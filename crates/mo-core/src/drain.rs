@@ -243,11 +243,9 @@ impl Drain {
             ));
             return;
         }
-        if pod.terminating {
-            // Someone else deleted it; nothing left to protect.
-            self.hold(format!("{} is being deleted by someone else", self.pod));
-            return;
-        }
+        // A terminating pod is drained all the same: its preStop hook keeps the process
+        // running until this instance's drain is confirmed, and only the drain ends the wait.
+        let deleted_elsewhere = pod.terminating;
         if !self.alarmed && now - self.started_at >= timing.alarm_after {
             self.alarmed = true;
         }
@@ -294,13 +292,15 @@ impl Drain {
         }
         // A webhook-started drain whose evictor went away is withdrawn.
         if matches!(self.purpose, DrainPurpose::Evict { .. })
+            && !deleted_elsewhere
             && self
                 .last_eviction_at
                 .is_none_or(|t| now - t >= timing.eviction_abandon)
         {
             self.cancel_requested = true;
         }
-        if self.cancel_requested && self.stage < DrainStage::Released {
+        // A pod on its way out is never handed back to the workload.
+        if self.cancel_requested && self.stage < DrainStage::Released && !deleted_elsewhere {
             self.set_stage(DrainStage::Cancelling, now);
         }
         if self.stage == DrainStage::Cancelling {
@@ -522,13 +522,11 @@ impl Drain {
     /// Re-checks, on one fresh observation, everything a release relies on: the same
     /// instance, fresh, Draining, idle, and its hand-over confirmed.
     pub fn still_confirmed(&self, obs: &Observation) -> Gate {
-        let pod = obs
-            .pod(&self.pod)
+        obs.pod(&self.pod)
             .filter(|p| p.uid == self.pod_uid)
             .ok_or_else(|| format!("{} was replaced", self.pod))?;
-        if pod.terminating {
-            return Err(format!("{} is terminating", self.pod));
-        }
+        // Terminating is no reason to doubt: the preStop hook holds the process (same UID,
+        // same epoch) until the release.
         let details = obs
             .hakeeper
             .as_ref()
@@ -971,6 +969,55 @@ mod tests {
         o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Working;
         d.step(&o, &TIMING, Ok(()), &mut vec![]);
         assert_eq!(d.end, Some(DrainEnd::Cancelled));
+    }
+
+    /// A pod deleted by someone else keeps running under its preStop hook: the drain goes on
+    /// to a confirmation (and is never cancelled back to Working), the hook's wait ends only then.
+    #[test]
+    fn a_pod_deleted_elsewhere_is_drained_to_confirmation_and_never_handed_back() {
+        let mut d = Drain::new(
+            "cn-1",
+            "uid-1",
+            "u1",
+            DrainPurpose::Evict {
+                source: "preStop".into(),
+            },
+            Millis(0),
+        );
+        let mut o = obs(1_000);
+        o.pods[0].terminating = true;
+        let mut a = vec![];
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(
+            a.iter().any(|x| matches!(
+                x,
+                Action::SetCnWorkState {
+                    state: WorkState::Draining,
+                    ..
+                }
+            )),
+            "{a:?}"
+        );
+        draining(&mut o);
+        o.now = Millis(2_000);
+        a.clear();
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert_eq!(a, vec![Action::SetRestartService { uuid: "u1".into() }]);
+        d.absorb(
+            &[ActionResult {
+                action: a[0].clone(),
+                result: Ok(ActionOutput::Done),
+            }],
+            Millis(3_000),
+        );
+        // Long past the eviction abandon (nobody refreshed it): a terminating pod is not
+        // handed back; its confirmation arrives and counts.
+        confirm(&mut o);
+        o.now = Millis(500_000);
+        d.step(&o, &TIMING, Ok(()), &mut vec![]);
+        assert_ne!(d.stage, DrainStage::Cancelling);
+        assert!(d.confirmed(), "{:?} {:?}", d.stage, d.hold);
+        assert_eq!(d.still_confirmed(&o), Ok(()));
     }
 
     /// Found by a campaign: the operator died after recording its handshake request but

@@ -51,13 +51,15 @@ pub struct Settings {
     pub instance: String,
     /// Only clusters (and pods) of this namespace; all namespaces when unset.
     pub namespace: Option<String>,
+    /// The preStop drain hook CN pods are created with (none: no hook).
+    pub drain_hook: Option<resources::DrainHook>,
 }
 
 /// What the controller keeps per cluster between ticks (rebuilt from the status on restart).
 #[derive(Default)]
-struct ClusterState {
-    policy: Option<SafePolicy>,
-    config: Option<SafeConfig>,
+pub(crate) struct ClusterState {
+    pub(crate) policy: Option<SafePolicy>,
+    pub(crate) config: Option<SafeConfig>,
     results: Vec<ActionResult>,
     applied: Option<(u64, Instant)>,
     last_status: Option<MatrixOneClusterStatus>,
@@ -69,18 +71,18 @@ struct ClusterState {
 }
 
 pub struct Context {
-    client: Client,
-    admin: AdminClient,
+    pub(crate) client: Client,
+    pub(crate) admin: AdminClient,
     pub metrics: Arc<Metrics>,
     recorder: Recorder,
-    pods: Store<Pod>,
-    nodes: Store<Node>,
+    pub(crate) pods: Store<Pod>,
+    pub(crate) nodes: Store<Node>,
     states: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<ClusterState>>>>,
     settings: Settings,
 }
 
 impl Context {
-    fn state(&self, uid: &str) -> Arc<tokio::sync::Mutex<ClusterState>> {
+    pub(crate) fn state(&self, uid: &str) -> Arc<tokio::sync::Mutex<ClusterState>> {
         self.states
             .lock()
             .expect("states lock")
@@ -93,7 +95,7 @@ impl Context {
         self.states.lock().expect("states lock").remove(uid);
     }
 
-    async fn event(
+    pub(crate) async fn event(
         &self,
         cluster: &MatrixOneCluster,
         type_: EventType,
@@ -117,7 +119,7 @@ impl Context {
     }
 }
 
-fn now_millis() -> Millis {
+pub(crate) fn now_millis() -> Millis {
     Millis(
         SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -125,40 +127,51 @@ fn now_millis() -> Millis {
     )
 }
 
-/// Starts the pod and node caches and runs the controller until `shutdown` resolves.
+impl Context {
+    /// Starts the pod and node caches (ready when this returns); the controller runs with
+    /// [`run`], and the disruption reviews use the same state.
+    pub async fn start(
+        client: Client,
+        admin: AdminClient,
+        metrics: Arc<Metrics>,
+        settings: Settings,
+    ) -> Arc<Context> {
+        let pod_selector = format!("{}={}", resources::LABEL_MANAGED_BY, resources::MANAGED_BY);
+        let pods = crate::cache::cache(
+            scoped::<Pod>(&client, settings.namespace.as_deref()),
+            watcher::Config::default().labels(&pod_selector),
+        );
+        let nodes =
+            crate::cache::cache(Api::<Node>::all(client.clone()), watcher::Config::default());
+        let _ = pods.wait_until_ready().await;
+        let _ = nodes.wait_until_ready().await;
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: Some(settings.instance.clone()),
+            },
+        );
+        Arc::new(Context {
+            client,
+            admin,
+            metrics,
+            recorder,
+            pods,
+            nodes,
+            states: Mutex::new(BTreeMap::new()),
+            settings,
+        })
+    }
+}
+
+/// Runs the controller until `shutdown` resolves.
 pub async fn run(
-    client: Client,
-    admin: AdminClient,
-    metrics: Arc<Metrics>,
-    settings: Settings,
+    context: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let pod_selector = format!("{}={}", resources::LABEL_MANAGED_BY, resources::MANAGED_BY);
-    let pods = crate::cache::cache(
-        scoped::<Pod>(&client, settings.namespace.as_deref()),
-        watcher::Config::default().labels(&pod_selector),
-    );
-    let nodes = crate::cache::cache(Api::<Node>::all(client.clone()), watcher::Config::default());
-    let _ = pods.wait_until_ready().await;
-    let _ = nodes.wait_until_ready().await;
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance: Some(settings.instance.clone()),
-        },
-    );
-    let context = Arc::new(Context {
-        client: client.clone(),
-        admin,
-        metrics,
-        recorder,
-        pods,
-        nodes,
-        states: Mutex::new(BTreeMap::new()),
-        settings,
-    });
-    let clusters = scoped::<MatrixOneCluster>(&client, context.settings.namespace.as_deref());
+    let clusters =
+        scoped::<MatrixOneCluster>(&context.client, context.settings.namespace.as_deref());
     Controller::new(clusters, watcher::Config::default())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)
@@ -282,20 +295,7 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
     }
     state.templates = Some(templates.clone());
 
-    let pods: Vec<Pod> = ctx
-        .pods
-        .state()
-        .iter()
-        .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()))
-        .filter(|p| {
-            p.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(LABEL_CLUSTER))
-                == Some(&name)
-        })
-        .map(|p| (**p).clone())
-        .collect();
+    let pods = pods_of_cluster(&ctx, &ns, &name);
     ensure_children(&cluster, &templates, &pods, &mut state, &ctx).await?;
 
     let nodes: Vec<Node> = ctx.nodes.state().iter().map(|n| (**n).clone()).collect();
@@ -372,6 +372,42 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
     }
     state.results = results;
     Ok(Requeue::requeue(ctx.settings.tick))
+}
+
+/// The cluster's pods as the cache has them.
+pub(crate) fn pods_of_cluster(ctx: &Context, ns: &str, name: &str) -> Vec<Pod> {
+    ctx.pods
+        .state()
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
+        .filter(|p| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_CLUSTER))
+                .map(String::as_str)
+                == Some(name)
+        })
+        .map(|p| (**p).clone())
+        .collect()
+}
+
+/// Writes only the progress record (a disruption review changed it between ticks).
+pub(crate) async fn patch_progress(
+    ctx: &Context,
+    cluster: &MatrixOneCluster,
+    record: &str,
+) -> Result<(), kube::Error> {
+    let api: Api<MatrixOneCluster> =
+        Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+    let body = serde_json::json!({"status": {"progress": record}});
+    api.patch_status(
+        &cluster.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&body),
+    )
+    .await?;
+    Ok(())
 }
 
 async fn patch_status(
@@ -462,7 +498,13 @@ async fn ensure_children(
             if existing.contains(&pod_name) {
                 continue;
             }
-            let pod = resources::cn_pod(cluster, &group.name, ordinal, &version_of(Component::Cn));
+            let pod = resources::cn_pod(
+                cluster,
+                &group.name,
+                ordinal,
+                &version_of(Component::Cn),
+                ctx.settings.drain_hook.as_ref(),
+            );
             match pod_api.create(&PostParams::default(), &pod).await {
                 Ok(_) => tracing::info!(pod = %pod_name, "created CN pod"),
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
@@ -505,7 +547,7 @@ async fn protect(
         let api: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), &ns);
         let params = PatchParams::apply(FIELD_MANAGER).force();
         for (component, budget) in &protection.budgets {
-            let pdb = resources::pdb(cluster, *component, budget.max_unavailable, &budget.reason);
+            let pdb = resources::pdb(cluster, *component, budget.min_available(), &budget.reason);
             api.patch(&pdb.name_any(), &params, &Patch::Apply(&pdb))
                 .await?;
         }

@@ -225,6 +225,12 @@ pub struct DrainSettings {
     #[serde(default = "default_abandon")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
     pub eviction_abandon: String,
+    /// CN pods' termination grace period: how long a deleted CN's preStop hook may wait for
+    /// its drain to be confirmed before the kubelet stops it anyway (Kubernetes' bound, not
+    /// ours: the operator never deletes on a timeout). Applies to CN pods created after it.
+    #[serde(default = "default_grace")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub grace_period: String,
 }
 
 impl Default for DrainSettings {
@@ -232,8 +238,13 @@ impl Default for DrainSettings {
         DrainSettings {
             alarm_after: default_alarm(),
             eviction_abandon: default_abandon(),
+            grace_period: default_grace(),
         }
     }
+}
+
+fn default_grace() -> String {
+    "1h".into()
 }
 
 fn default_alarm() -> String {

@@ -35,7 +35,49 @@ pub struct DrainLabels {
 }
 
 /// Samples kept for the percentile endpoint.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReviewLabels {
+    /// eviction, delete or prestop.
+    pub door: String,
+    pub component: String,
+    pub verdict: String,
+}
+
 const LATENCY_SAMPLES: usize = 20_000;
+
+/// The newest latency samples, for percentiles (the histograms are for Prometheus).
+#[derive(Default)]
+struct Samples(Mutex<VecDeque<Duration>>);
+
+impl Samples {
+    fn push(&self, took: Duration) {
+        let mut samples = self.0.lock().expect("latency lock");
+        if samples.len() == LATENCY_SAMPLES {
+            samples.pop_front();
+        }
+        samples.push_back(took);
+    }
+
+    /// p50 and p99 in milliseconds, and the sample count.
+    fn percentiles(&self) -> (f64, f64, usize) {
+        let mut samples: Vec<Duration> = self
+            .0
+            .lock()
+            .expect("latency lock")
+            .iter()
+            .copied()
+            .collect();
+        if samples.is_empty() {
+            return (0.0, 0.0, 0);
+        }
+        samples.sort();
+        let at = |q: f64| {
+            let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
+            samples[i].as_secs_f64() * 1000.0
+        };
+        (at(0.50), at(0.99), samples.len())
+    }
+}
 
 pub struct Metrics {
     pub registry: Registry,
@@ -51,7 +93,10 @@ pub struct Metrics {
     /// Readings of the kernel that failed (uncertainty the core holds on).
     pub kernel_unreachable: Family<ClusterLabels, Counter>,
     pub leader: Gauge,
-    latencies: Mutex<VecDeque<Duration>>,
+    pub reviews: Family<ReviewLabels, Counter>,
+    pub review_seconds: Histogram,
+    latencies: Samples,
+    review_latencies: Samples,
 }
 
 impl Default for Metrics {
@@ -72,6 +117,18 @@ impl Metrics {
         let drains = Family::<DrainLabels, Gauge>::default();
         let kernel_unreachable = Family::<ClusterLabels, Counter>::default();
         let leader = Gauge::default();
+        let reviews = Family::<ReviewLabels, Counter>::default();
+        let review_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+        registry.register(
+            "disruption_reviews",
+            "Eviction / delete / preStop reviews answered, by door, component and verdict",
+            reviews.clone(),
+        );
+        registry.register(
+            "disruption_review_duration_seconds",
+            "Time to answer one review (webhook or preStop hook)",
+            review_seconds.clone(),
+        );
         registry.register(
             "reconciles",
             "Reconciliations by result",
@@ -124,7 +181,10 @@ impl Metrics {
             drains,
             kernel_unreachable,
             leader,
-            latencies: Mutex::new(VecDeque::with_capacity(LATENCY_SAMPLES)),
+            reviews,
+            review_seconds,
+            latencies: Samples::default(),
+            review_latencies: Samples::default(),
         }
     }
 
@@ -135,31 +195,28 @@ impl Metrics {
                 result: if ok { "ok" } else { "error" }.into(),
             })
             .inc();
-        let mut samples = self.latencies.lock().expect("latency lock");
-        if samples.len() == LATENCY_SAMPLES {
-            samples.pop_front();
-        }
-        samples.push_back(took);
+        self.latencies.push(took);
     }
 
-    /// p50 and p99 of the last reconciliations, in milliseconds, and the sample count.
     pub fn latency_percentiles(&self) -> (f64, f64, usize) {
-        let mut samples: Vec<Duration> = self
-            .latencies
-            .lock()
-            .expect("latency lock")
-            .iter()
-            .copied()
-            .collect();
-        if samples.is_empty() {
-            return (0.0, 0.0, 0);
-        }
-        samples.sort();
-        let at = |q: f64| {
-            let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
-            samples[i].as_secs_f64() * 1000.0
-        };
-        (at(0.50), at(0.99), samples.len())
+        self.latencies.percentiles()
+    }
+
+    pub fn observe_review(&self, door: &str, component: &str, allowed: bool, took: Duration) {
+        self.review_seconds.observe(took.as_secs_f64());
+        self.reviews
+            .get_or_create(&ReviewLabels {
+                door: door.into(),
+                component: component.into(),
+                verdict: if allowed { "allow" } else { "deny" }.into(),
+            })
+            .inc();
+        self.review_latencies.push(took);
+    }
+
+    /// Review (webhook decision) latency: p50, p99 in ms and the sample count.
+    pub fn review_percentiles(&self) -> (f64, f64, usize) {
+        self.review_latencies.percentiles()
     }
 
     pub fn encode(&self) -> String {

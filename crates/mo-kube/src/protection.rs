@@ -15,6 +15,16 @@ pub const DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
 pub struct Budget {
     pub max_unavailable: i32,
     pub reason: String,
+    /// The pods the budget counts: the spec's number or the live pods, whichever is more.
+    /// The PDB says `minAvailable = pods - max_unavailable` (an integer minAvailable needs no
+    /// scale subresource, which CN pods' owner, the cluster resource, does not have).
+    pub pods: i32,
+}
+
+impl Budget {
+    pub fn min_available(&self) -> i32 {
+        (self.pods - self.max_unavailable).max(0)
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -28,6 +38,7 @@ fn none(reason: impl Into<String>) -> Budget {
     Budget {
         max_unavailable: 0,
         reason: reason.into(),
+        pods: 0,
     }
 }
 
@@ -35,6 +46,7 @@ fn one(reason: impl Into<String>) -> Budget {
     Budget {
         max_unavailable: 1,
         reason: reason.into(),
+        pods: 0,
     }
 }
 
@@ -77,6 +89,7 @@ pub fn compute(obs: &Observation, policy: &SafePolicy) -> Protection {
         Component::Cn,
         Budget {
             max_unavailable: confirmed,
+            pods: 0,
             reason: if confirmed == 0 {
                 "a CN leaves only once the drain arbiter confirmed that exact instance".into()
             } else {
@@ -96,6 +109,11 @@ pub fn compute(obs: &Observation, policy: &SafePolicy) -> Protection {
         one("the other proxies route to Working CNs")
     };
     budgets.insert(Component::Proxy, proxy);
+    for (component, budget) in budgets.iter_mut() {
+        let live = obs.pods_of(*component).filter(|p| !p.terminating).count();
+        let desired = obs.desired.replicas.get(component).copied().unwrap_or(0);
+        budget.pods = live.max(desired) as i32;
+    }
 
     let pinned = obs
         .pods
@@ -168,6 +186,8 @@ mod tests {
         let policy = SafePolicy::new(SafeConfig::default());
         let healthy = compute(&observation([true; 3], 2), &policy);
         assert_eq!(healthy.budgets[&Component::Log].max_unavailable, 1);
+        assert_eq!(healthy.budgets[&Component::Log].min_available(), 2);
+        assert_eq!(healthy.budgets[&Component::Cn].min_available(), 1);
         assert_eq!(healthy.budgets[&Component::Tn].max_unavailable, 0);
         assert_eq!(healthy.budgets[&Component::Cn].max_unavailable, 0);
         assert_eq!(healthy.budgets[&Component::Proxy].max_unavailable, 1);

@@ -9,7 +9,8 @@
 use crate::crd::{GROUP, MatrixOneCluster};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, ContainerPort, Pod, PodSpec, PodTemplateSpec, Service, ServicePort,
+    ConfigMap, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, Lifecycle,
+    LifecycleHandler, ObjectFieldSelector, Pod, PodSpec, PodTemplateSpec, Service, ServicePort,
     ServiceSpec, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -204,7 +205,39 @@ pub fn statefulset(cluster: &MatrixOneCluster, component: Component, version: &s
 }
 
 /// One CN pod of `group`, ordinal `ordinal`.
-pub fn cn_pod(cluster: &MatrixOneCluster, group: &str, ordinal: i32, version: &str) -> Pod {
+/// The preStop hook of CN pods: a command of this binary that blocks until the drain of the
+/// pod's own instance is confirmed by the operator at `endpoint`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainHook {
+    /// E.g. `["/mo-operator", "drain-hook"]` (the binary in the CN image or a mounted one).
+    pub command: Vec<String>,
+    /// The operator's HTTP endpoint (`http://mo-operator.<ns>.svc:8080`).
+    pub endpoint: String,
+}
+
+pub const ENV_HOOK_ENDPOINT: &str = "MO_OPERATOR_ENDPOINT";
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+pub fn cn_pod(
+    cluster: &MatrixOneCluster,
+    group: &str,
+    ordinal: i32,
+    version: &str,
+    hook: Option<&DrainHook>,
+) -> Pod {
     let name = cluster.metadata.name.clone().unwrap_or_default();
     let template = pod_template(cluster, Component::Cn, version, &[(LABEL_CN_GROUP, group)]);
     let short = format!("{group}-{ordinal}");
@@ -214,6 +247,32 @@ pub fn cn_pod(cluster: &MatrixOneCluster, group: &str, ordinal: i32, version: &s
     metadata.owner_references = Some(vec![owner_reference(cluster)]);
     let mut spec = template.spec.unwrap_or_default();
     spec.hostname = Some(pod_name(&name, &short));
+    // Sized for the drain: the hook waits (at most this long) for this instance's confirmation.
+    spec.termination_grace_period_seconds = Some(
+        crate::crd::parse_go_duration(&cluster.spec.drain.grace_period)
+            .map_or(3600, |m| (m.0 / 1000).max(30) as i64),
+    );
+    if let (Some(hook), Some(container)) = (hook, spec.containers.first_mut()) {
+        container.lifecycle = Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(hook.command.clone()),
+                }),
+                ..LifecycleHandler::default()
+            }),
+            ..Lifecycle::default()
+        });
+        container.env = Some(vec![
+            EnvVar {
+                name: ENV_HOOK_ENDPOINT.into(),
+                value: Some(hook.endpoint.clone()),
+                ..EnvVar::default()
+            },
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_UID", "metadata.uid"),
+        ]);
+    }
     Pod {
         metadata,
         spec: Some(spec),
@@ -333,7 +392,7 @@ pub fn config_map(cluster: &MatrixOneCluster) -> ConfigMap {
 pub fn pdb(
     cluster: &MatrixOneCluster,
     component: Component,
-    max_unavailable: i32,
+    min_available: i32,
     reason: &str,
 ) -> k8s_openapi::api::policy::v1::PodDisruptionBudget {
     use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
@@ -351,7 +410,7 @@ pub fn pdb(
     PodDisruptionBudget {
         metadata,
         spec: Some(PodDisruptionBudgetSpec {
-            max_unavailable: Some(IntOrString::Int(max_unavailable)),
+            min_available: Some(IntOrString::Int(min_available)),
             selector: Some(LabelSelector {
                 match_labels: Some(selector(&name, component)),
                 ..LabelSelector::default()
@@ -405,7 +464,7 @@ mod tests {
 
     #[test]
     fn cn_pods_are_named_by_group_and_ordinal_and_carry_their_version() {
-        let pod = cn_pod(&cluster(), "tp", 1, "v1.2.0");
+        let pod = cn_pod(&cluster(), "tp", 1, "v1.2.0", None);
         assert_eq!(pod.metadata.name.as_deref(), Some("mo-tp-1"));
         let labels = pod.metadata.labels.expect("labels");
         assert_eq!(labels[LABEL_CN_GROUP], "tp");

@@ -18,6 +18,8 @@ pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
 pub const HALTED: &str = "Halted";
 pub const DEGRADED: &str = "Degraded";
+/// True while a CN is being drained; the message says what each drain waits on.
+pub const DRAINING: &str = "Draining";
 
 /// A condition, keeping the previous transition time when its status did not change.
 fn condition(
@@ -320,9 +322,40 @@ pub fn build(
         },
         degraded_reasons.join("; "),
     );
+    let active: Vec<&mo_core::drain::Drain> =
+        record.drains.iter().filter(|d| d.is_active()).collect();
+    let draining = condition(
+        prev,
+        generation,
+        DRAINING,
+        !active.is_empty(),
+        if active.is_empty() {
+            "NoDrain"
+        } else if active
+            .iter()
+            .any(|d| matches!(d.purpose, mo_core::drain::DrainPurpose::Evict { .. }))
+        {
+            "EvictionWaiting"
+        } else {
+            "OperatorDrain"
+        },
+        active
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} ({}, {:?}): {}",
+                    d.pod,
+                    d.pod_uid,
+                    d.stage,
+                    d.hold.clone().unwrap_or_else(|| "in progress".into())
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    );
     MatrixOneClusterStatus {
         observed_generation: generation,
-        conditions: vec![ready, progressing, halted_condition, degraded],
+        conditions: vec![ready, progressing, halted_condition, degraded, draining],
         components,
         template_versions: templates.clone(),
         rollout,

@@ -53,11 +53,26 @@ pub struct Args {
 
 type Key = (String, String);
 
+/// CN groups (comma-separated) whose pods run as idle pool members: no client sessions.
+pub const ANNOTATION_IDLE_GROUPS: &str = "sim.ops.matrixorigin.io/idle-cn-groups";
+/// `table=cn-pod-short-name,…`: lock tables bound to that CN when first used; the workload's
+/// DML then runs on exactly these tables.
+pub const ANNOTATION_LOCK_TABLES: &str = "sim.ops.matrixorigin.io/lock-tables";
+
 struct SimCluster {
     uid: String,
     image: String,
     model: AttachedCluster,
-    started: Instant,
+    /// Model time reached (ms) at `last_wall`.
+    model_ms: f64,
+    last_wall: Instant,
+    /// Pods the spec asks for.
+    expected: usize,
+    /// Kubernetes owes this cluster a pod (deleted and not yet recreated and bound): model
+    /// time then runs at wall-clock speed, so that the API server's and controllers' own
+    /// latencies are not magnified by the time scale (a TN recreated in 2 s must not look
+    /// like a minute-long outage to the simulated CNs).
+    owed: bool,
     /// Kubernetes CN UUID → the model's, and back (names differ by the cluster prefix).
     uuid_to_model: BTreeMap<String, String>,
     uuid_to_kube: BTreeMap<String, String>,
@@ -83,16 +98,139 @@ impl SimCluster {
 pub struct DataPlane {
     clusters: Mutex<BTreeMap<Key, SimCluster>>,
     args: Args,
+    /// preStop hooks running or finished, by pod UID.
+    hooks: Mutex<BTreeMap<String, HookRun>>,
+}
+
+struct HookRun {
+    child: Option<std::process::Child>,
+    started: Instant,
+    /// Set once the hook returned (or was killed at the end of the grace period): the grace
+    /// left for SIGTERM.
+    remaining: Option<Duration>,
+}
+
+enum PreStop {
+    NoHook,
+    Running,
+    Finished { remaining: Duration },
+}
+
+/// The preStop exec command of the pod's first container, with its environment resolved
+/// (literal values and the downward API fields a kubelet fills in).
+/// A hook's command line and environment.
+type HookCommand = (Vec<String>, Vec<(String, String)>);
+
+fn pre_stop_command(pod: &Pod) -> Option<HookCommand> {
+    let container = pod.spec.as_ref()?.containers.first()?;
+    let command = container
+        .lifecycle
+        .as_ref()?
+        .pre_stop
+        .as_ref()?
+        .exec
+        .as_ref()?
+        .command
+        .clone()?;
+    let env = container
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| {
+            let value = match (&e.value, &e.value_from) {
+                (Some(v), _) => v.clone(),
+                (None, Some(from)) => match from.field_ref.as_ref()?.field_path.as_str() {
+                    "metadata.name" => pod.metadata.name.clone()?,
+                    "metadata.namespace" => pod.metadata.namespace.clone()?,
+                    "metadata.uid" => pod.metadata.uid.clone()?,
+                    _ => return None,
+                },
+                _ => return None,
+            };
+            Some((e.name.clone(), value))
+        })
+        .collect();
+    Some((command, env))
 }
 
 impl DataPlane {
+    /// Runs (or follows) the pod's preStop hook, as a kubelet does before SIGTERM. Our own
+    /// binary named in the hook is this executable (the image is simulated, the hook is real).
+    fn pre_stop(&self, pod: &Pod, uid: &str, grace: Option<Duration>) -> PreStop {
+        let Some((command, env)) = pre_stop_command(pod) else {
+            return PreStop::NoHook;
+        };
+        let grace = grace.unwrap_or(Duration::from_secs(30));
+        let mut hooks = self.hooks.lock().expect("hooks lock");
+        let run = hooks.entry(uid.to_string()).or_insert_with(|| {
+            let program = if command[0].rsplit('/').next() == Some("mo-operator") {
+                std::env::current_exe().unwrap_or_else(|_| command[0].clone().into())
+            } else {
+                command[0].clone().into()
+            };
+            let child = std::process::Command::new(program)
+                .args(&command[1..])
+                .envs(env)
+                .stdin(std::process::Stdio::null())
+                .spawn();
+            if let Err(e) = &child {
+                tracing::warn!(pod = %pod.name_any(), error = %e, "preStop hook did not start");
+            }
+            tracing::info!(pod = %pod.name_any(), ?command, "preStop hook started");
+            HookRun {
+                remaining: child.is_err().then_some(grace),
+                child: child.ok(),
+                started: Instant::now(),
+            }
+        });
+        if let Some(remaining) = run.remaining {
+            return PreStop::Finished { remaining };
+        }
+        let elapsed = run.started.elapsed();
+        let exited = run
+            .child
+            .as_mut()
+            .is_none_or(|c| matches!(c.try_wait(), Ok(Some(_)) | Err(_)));
+        if exited {
+            let remaining = grace.saturating_sub(elapsed);
+            tracing::info!(pod = %pod.name_any(), waited_ms = elapsed.as_millis() as u64, "preStop hook returned");
+            run.remaining = Some(remaining);
+            return PreStop::Finished { remaining };
+        }
+        if elapsed >= grace {
+            // The grace period is over: the kubelet kills the hook and gives 2 s more.
+            if let Some(c) = run.child.as_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            tracing::warn!(pod = %pod.name_any(), "preStop hook outlived the grace period");
+            run.remaining = Some(Duration::from_secs(2));
+            return PreStop::Finished {
+                remaining: Duration::from_secs(2),
+            };
+        }
+        PreStop::Running
+    }
+
+    fn forget_hook(&self, uid: &str) {
+        if let Some(mut run) = self.hooks.lock().expect("hooks lock").remove(uid)
+            && let Some(c) = run.child.as_mut()
+        {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     fn scale(&self) -> f64 {
         self.args.time_scale.max(0.001)
     }
 
     fn advance(&self, sim: &mut SimCluster) {
-        let t = sim.started.elapsed().as_secs_f64() * self.scale() * 1000.0;
-        sim.model.advance_to(Millis(t as u64));
+        let now = Instant::now();
+        let rate = if sim.owed { 1.0 } else { self.scale() };
+        sim.model_ms += now.duration_since(sim.last_wall).as_secs_f64() * rate * 1000.0;
+        sim.last_wall = now;
+        sim.model.advance_to(Millis(sim.model_ms as u64));
     }
 
     fn to_wall(&self, m: Millis) -> Millis {
@@ -111,6 +249,42 @@ impl DataPlane {
             .iter()
             .map(|g| json!({"name": g.name, "replicas": g.replicas}))
             .collect();
+        // Test knobs of the simulated data plane (ignored by the operator): CN groups whose
+        // pods are idle pool members (no sessions), and lock tables bound to a given CN.
+        let annotation = |key: &str| {
+            cluster
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(key))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let idle: Vec<String> = annotation(ANNOTATION_IDLE_GROUPS)
+            .split(',')
+            .map(|g| g.trim().to_string())
+            .filter(|g| !g.is_empty())
+            .collect();
+        let groups: Vec<serde_json::Value> = groups
+            .into_iter()
+            .map(|mut g| {
+                if idle.iter().any(|i| Some(i.as_str()) == g["name"].as_str()) {
+                    g["pool"] = json!(true);
+                    g["bound"] = json!(0);
+                }
+                g
+            })
+            .collect();
+        let lock_tables: Vec<serde_json::Value> = annotation(ANNOTATION_LOCK_TABLES)
+            .split(',')
+            .filter_map(|pair| pair.trim().split_once('='))
+            .map(|(table, owner)| json!({"table": table, "owner": owner}))
+            .collect();
+        let tables: Vec<serde_json::Value> = if lock_tables.is_empty() {
+            vec![json!("t1"), json!("t2"), json!("t3")]
+        } else {
+            lock_tables.iter().map(|lt| lt["table"].clone()).collect()
+        };
         let doc = json!({
             "name": cluster.name_any(),
             "seed": self.args.seed,
@@ -127,8 +301,9 @@ impl DataPlane {
             "workload": {
                 "clients": self.args.clients,
                 "txn_rate": self.args.txn_rate,
-                "tables": ["t1", "t2", "t3"],
+                "tables": tables,
             },
+            "lock_tables": lock_tables,
         });
         let yaml = serde_yaml_ng::to_string(&doc)?;
         Scenario::from_yaml(&yaml).map_err(|e| anyhow::anyhow!("{e}"))
@@ -230,6 +405,7 @@ pub async fn run(args: Args) -> Result<()> {
     let plane = Arc::new(DataPlane {
         clusters: Mutex::new(BTreeMap::new()),
         args: args.clone(),
+        hooks: Mutex::new(BTreeMap::new()),
     });
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
@@ -252,6 +428,10 @@ pub async fn run(args: Args) -> Result<()> {
             "/v1/namespaces/{ns}/clusters/{name}/faults",
             post(fault_handler),
         )
+        .route(
+            "/v1/namespaces/{ns}/clusters/{name}/lock-tables",
+            get(lock_tables_handler),
+        )
         .with_state(plane.clone());
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -272,7 +452,6 @@ pub async fn run(args: Args) -> Result<()> {
     pods.wait_until_ready().await?;
     nodes.wait_until_ready().await?;
     let mut images_written: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut next_node = 0usize;
     loop {
         if let Err(e) = tick(
             &plane,
@@ -281,7 +460,6 @@ pub async fn run(args: Args) -> Result<()> {
             &pods,
             &nodes,
             &mut images_written,
-            &mut next_node,
         )
         .await
         {
@@ -329,6 +507,12 @@ async fn ensure_nodes(client: &Client, count: usize) -> Result<()> {
     Ok(())
 }
 
+fn expected_pods(cluster: &MatrixOneCluster) -> usize {
+    let spec = &cluster.spec;
+    let cns: i32 = spec.cn.groups.iter().map(|g| g.replicas).sum();
+    (spec.log.replicas + spec.tn.replicas + spec.proxy.replicas + cns).max(0) as usize
+}
+
 fn short_name<'a>(key: &Key, pod: &'a str) -> Option<&'a str> {
     pod.strip_prefix(&SimCluster::prefix(key))
 }
@@ -341,7 +525,6 @@ async fn tick(
     pods: &Store<Pod>,
     nodes: &Store<Node>,
     images_written: &mut BTreeMap<String, BTreeSet<String>>,
-    next_node: &mut usize,
 ) -> Result<()> {
     // Clusters appear and go.
     let live: BTreeMap<Key, Arc<MatrixOneCluster>> = clusters
@@ -373,7 +556,10 @@ async fn tick(
                 uid: cluster.uid().unwrap_or_default(),
                 image: cluster.spec.image.clone(),
                 model: AttachedCluster::new(scenario.clone()),
-                started: Instant::now(),
+                model_ms: 0.0,
+                last_wall: Instant::now(),
+                expected: expected_pods(cluster),
+                owed: true,
                 uuid_to_model: BTreeMap::new(),
                 uuid_to_kube: BTreeMap::new(),
                 written: BTreeMap::new(),
@@ -402,6 +588,12 @@ async fn tick(
         v.sort();
         v
     };
+    let mut load: BTreeMap<String, usize> = BTreeMap::new();
+    for pod in all_pods.iter() {
+        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+            *load.entry(node).or_default() += 1;
+        }
+    }
     let mut writes: Vec<(String, String, serde_json::Value)> = Vec::new();
     let mut removals: Vec<(String, String, String)> = Vec::new();
     let mut bindings: Vec<(String, String, String)> = Vec::new();
@@ -461,8 +653,20 @@ async fn tick(
                 };
                 let Some(node) = node else {
                     if pod.metadata.deletion_timestamp.is_none() && !schedulable.is_empty() {
-                        let target = schedulable[*next_node % schedulable.len()].clone();
-                        *next_node += 1;
+                        // As the scheduler scores: a node that has the image (image
+                        // locality), then the fewest pods (spread), then by name.
+                        let version = mo_kube::observation::spec_version(pod);
+                        let images = sim.model.node_images();
+                        let target = schedulable
+                            .iter()
+                            .min_by_key(|n| {
+                                let has_image =
+                                    images.get(*n).is_some_and(|v| v.contains(&version));
+                                (!has_image, load.get(*n).copied().unwrap_or(0), (*n).clone())
+                            })
+                            .expect("not empty")
+                            .clone();
+                        *load.entry(target.clone()).or_default() += 1;
                         bindings.push((key.0.clone(), name, target));
                     }
                     continue;
@@ -498,8 +702,22 @@ async fn tick(
                     let grace = pod
                         .metadata
                         .deletion_grace_period_seconds
-                        .map(|s| plane.to_model(Millis(s.max(0) as u64 * 1000)));
-                    sim.model.pod_deleting(&short, &uid, grace);
+                        .map(|s| Duration::from_secs(s.max(0) as u64));
+                    // As the kubelet does: the preStop hook first, SIGTERM once it returned,
+                    // with what is left of the grace period.
+                    match plane.pre_stop(pod, &uid, grace) {
+                        PreStop::Running => {}
+                        PreStop::Finished { remaining } => sim.model.pod_deleting(
+                            &short,
+                            &uid,
+                            Some(plane.to_model(Millis(remaining.as_millis() as u64))),
+                        ),
+                        PreStop::NoHook => sim.model.pod_deleting(
+                            &short,
+                            &uid,
+                            grace.map(|g| plane.to_model(Millis(g.as_millis() as u64))),
+                        ),
+                    }
                 }
             }
             // Objects gone without us finishing them: force-deleted.
@@ -510,11 +728,22 @@ async fn tick(
                 .map(|(u, s)| (u.clone(), s.clone()))
                 .collect();
             for (uid, short) in vanished {
+                plane.forget_hook(&uid);
                 sim.model.pod_vanished(&short, &uid);
                 sim.bound.remove(&uid);
                 sim.written.remove(&uid);
             }
             plane.advance(sim);
+            if let Some(c) = live.get(key) {
+                sim.expected = expected_pods(c);
+            }
+            let present = sim
+                .model
+                .pod_reports()
+                .iter()
+                .filter(|r| sim.bound.contains_key(&r.uid) && !r.terminated)
+                .count();
+            sim.owed = present < sim.expected;
             let image = sim.image.clone();
             for report in sim.model.pod_reports() {
                 if !sim.bound.contains_key(&report.uid) {
@@ -586,6 +815,7 @@ async fn tick(
                     if k.0 == ns
                         && let Some(short) = sim.bound.remove(&uid)
                     {
+                        plane.forget_hook(&uid);
                         sim.model.pod_removed(&short, &uid);
                         sim.written.remove(&uid);
                     }
@@ -703,7 +933,11 @@ async fn report_handler(
 
 #[derive(serde::Deserialize)]
 struct Faults {
+    #[serde(default)]
     cn_never_heartbeats_after_restart: bool,
+    /// The lock allocator never confirms a hand-over (the kernel never says "can restart").
+    #[serde(default)]
+    handover_never_confirms: bool,
 }
 
 async fn fault_handler(
@@ -714,7 +948,26 @@ async fn fault_handler(
     with_cluster(&plane, ns, name, |_, sim| {
         plane.advance(sim);
         sim.model
-            .set_cn_never_heartbeats(faults.cn_never_heartbeats_after_restart)
+            .set_cn_never_heartbeats(faults.cn_never_heartbeats_after_restart);
+        sim.model
+            .set_handover_never_confirms(faults.handover_never_confirms);
     })
     .map_or(StatusCode::NOT_FOUND, |_| StatusCode::NO_CONTENT)
+}
+
+/// Which pod's lock service owns each bound lock table now.
+async fn lock_tables_handler(
+    State(plane): Shared,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<Json<BTreeMap<String, String>>, StatusCode> {
+    with_cluster(&plane, ns, name, |key, sim| {
+        plane.advance(sim);
+        sim.model
+            .lock_table_owners()
+            .into_iter()
+            .map(|(table, pod)| (table, format!("{}{pod}", SimCluster::prefix(key))))
+            .collect()
+    })
+    .map(Json)
+    .ok_or(StatusCode::NOT_FOUND)
 }

@@ -2,6 +2,7 @@
 
 mod campaign;
 mod embedded;
+mod hook;
 mod html;
 mod kubelet;
 mod operate;
@@ -77,12 +78,14 @@ enum Command {
     /// Randomized fault campaign: invariants checked on every event.
     Campaign(campaign::Args),
     /// Run the operator against a Kubernetes cluster (in-cluster config or KUBECONFIG).
-    Run(operate::Args),
+    Run(Box<operate::Args>),
     /// Print the MatrixOneCluster CustomResourceDefinition (YAML).
     Crds,
     /// Attach the simulated MatrixOne data plane to a Kubernetes API server: play kubelet for
     /// MatrixOne pods on fake nodes and serve the admin API.
     Kubelet(kubelet::Args),
+    /// preStop hook of CN pods: wait until the operator confirms this instance's drain.
+    DrainHook(hook::Args),
 }
 
 fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
@@ -112,8 +115,12 @@ fn main() -> Result<()> {
             .init();
     }
     match cli.command {
-        Command::Run(args) => tokio_runtime()?.block_on(operate::run(args)),
+        Command::Run(args) => tokio_runtime()?.block_on(operate::run(*args)),
         Command::Kubelet(args) => tokio_runtime()?.block_on(kubelet::run(args)),
+        Command::DrainHook(args) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(hook::run(args)),
         Command::Crds => {
             use kube::CustomResourceExt;
             print!(

@@ -3,14 +3,17 @@
 use anyhow::{Context as _, Result};
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use mo_kube::admin::AdminClient;
-use mo_kube::controller::{self, Settings};
+use mo_kube::controller::{self, Context, Settings};
+use mo_kube::disruption::Door;
 use mo_kube::leader::{LeaderElector, LeaseConfig};
 use mo_kube::metrics::Metrics;
-use std::sync::Arc;
+use mo_kube::resources::DrainHook;
+use mo_kube::webhook::{ClientTarget, TlsSource, Webhook, WebhookSettings};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 #[derive(clap::Args, Debug, Clone)]
@@ -41,9 +44,52 @@ pub struct Args {
     /// A Lease not renewed this long may be taken over.
     #[arg(long, default_value = "15s", value_parser = duration)]
     pub lease_duration: Duration,
+    /// The preStop hook command CN pods run (empty: CN pods get no hook). The binary must be
+    /// in the CN image or mounted into it.
+    #[arg(long, value_delimiter = ' ', default_value = "/mo-operator drain-hook")]
+    pub drain_hook_command: Vec<String>,
+    /// The URL CN pods' preStop hook reaches this operator at (its HTTP `--listen` port
+    /// through its Service). Unset: no hook.
+    #[arg(long, env = "MO_DRAIN_HOOK_ENDPOINT")]
+    pub drain_hook_endpoint: Option<String>,
+    /// Serve the admission webhooks (HTTPS) here; unset: no webhooks.
+    #[arg(long)]
+    pub webhook_listen: Option<String>,
+    /// Name of the ValidatingWebhookConfiguration the leader keeps.
+    #[arg(long, default_value = "mo-operator")]
+    pub webhook_configuration: String,
+    /// The API server reaches the webhooks through this Service (`<namespace>/<name>:<port>`)…
+    #[arg(long, default_value = "mo-system/mo-operator-webhook:443")]
+    pub webhook_service: String,
+    /// …or at this HTTPS URL (outside a cluster, tests), which takes precedence.
+    #[arg(long)]
+    pub webhook_url: Option<String>,
+    /// Names the serving certificate is valid for (default: the Service's DNS names; add the
+    /// URL's host).
+    #[arg(long, value_delimiter = ',')]
+    pub webhook_hosts: Vec<String>,
+    /// Secret (`<namespace>/<name>`) holding the operator's webhook CA.
+    #[arg(long, default_value = "mo-system/mo-operator-webhook-ca")]
+    pub webhook_ca_secret: String,
+    /// Take the serving certificate from this directory (`tls.crt`, `tls.key`, `ca.crt`; e.g. a
+    /// cert-manager Secret mounted) instead of the operator's own CA.
+    #[arg(long)]
+    pub webhook_cert_dir: Option<String>,
+    /// With --webhook-cert-dir: `<namespace>/<certificate>` for cert-manager's CA injection.
+    #[arg(long)]
+    pub webhook_inject_ca_from: Option<String>,
+    /// Also review plain deletes of MatrixOne pods (off switch: `--protect-pod-deletes=false`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub protect_pod_deletes: bool,
+    /// Users whose pod deletes are never reviewed (break-glass accounts).
+    #[arg(long, value_delimiter = ',')]
+    pub delete_exempt_users: Vec<String>,
+    /// The API server's timeout for one webhook call.
+    #[arg(long, default_value_t = 10)]
+    pub webhook_timeout_seconds: i32,
 }
 
-fn duration(text: &str) -> Result<Duration, String> {
+pub fn duration(text: &str) -> Result<Duration, String> {
     mo_kube::crd::parse_go_duration(text)
         .map(|m| Duration::from_millis(m.0))
         .ok_or_else(|| format!("`{text}` is not a duration like 500ms, 2s or 1m"))
@@ -52,6 +98,172 @@ fn duration(text: &str) -> Result<Duration, String> {
 struct Health {
     metrics: Arc<Metrics>,
     ready: AtomicBool,
+    /// Set once this replica leads: the drain hook's reviews need the controller's state.
+    context: OnceLock<Arc<Context>>,
+}
+
+#[derive(serde::Deserialize, serde::Serialize)]
+pub struct HookRequest {
+    pub namespace: String,
+    pub pod: String,
+    pub uid: String,
+}
+
+#[derive(serde::Deserialize, serde::Serialize)]
+pub struct HookAnswer {
+    pub allowed: bool,
+    pub reason: String,
+}
+
+/// The preStop hook of a deleted CN asks whether its instance may stop now.
+async fn drain_hook(
+    State(h): State<Arc<Health>>,
+    Json(request): Json<HookRequest>,
+) -> Json<HookAnswer> {
+    let Some(ctx) = h.context.get() else {
+        return Json(HookAnswer {
+            allowed: false,
+            reason: "this operator replica is a standby, not the leader: retry".into(),
+        });
+    };
+    let review = mo_kube::disruption::review(
+        ctx,
+        &request.namespace,
+        &request.pod,
+        Some(&request.uid),
+        None,
+        Door::PreStop,
+    )
+    .await;
+    Json(HookAnswer {
+        allowed: review.allowed,
+        reason: review.reason,
+    })
+}
+
+fn split_ref(text: &str, what: &str) -> Result<(String, String)> {
+    text.split_once('/')
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .with_context(|| format!("{what} must be <namespace>/<name>, not `{text}`"))
+}
+
+fn webhook_settings(args: &Args) -> Result<WebhookSettings> {
+    let (svc_ns, rest) = split_ref(&args.webhook_service, "--webhook-service")?;
+    let (svc_name, port) = match rest.split_once(':') {
+        Some((n, p)) => (
+            n.to_string(),
+            p.parse::<i32>().context("--webhook-service port")?,
+        ),
+        None => (rest, 443),
+    };
+    let target = match &args.webhook_url {
+        Some(url) => ClientTarget::Url(url.clone()),
+        None => ClientTarget::Service {
+            namespace: svc_ns.clone(),
+            name: svc_name.clone(),
+            port,
+        },
+    };
+    let mut hosts = args.webhook_hosts.clone();
+    if hosts.is_empty() {
+        hosts = vec![
+            format!("{svc_name}.{svc_ns}.svc"),
+            format!("{svc_name}.{svc_ns}.svc.cluster.local"),
+        ];
+    }
+    let tls = match &args.webhook_cert_dir {
+        Some(dir) => TlsSource::Files {
+            dir: dir.into(),
+            inject_ca_from: args.webhook_inject_ca_from.clone(),
+        },
+        None => {
+            let (namespace, secret) = split_ref(&args.webhook_ca_secret, "--webhook-ca-secret")?;
+            TlsSource::SelfManaged { namespace, secret }
+        }
+    };
+    Ok(WebhookSettings {
+        configuration: args.webhook_configuration.clone(),
+        target,
+        hosts,
+        tls,
+        protect_deletes: args.protect_pod_deletes,
+        exempt_users: args.delete_exempt_users.clone(),
+        namespace: args.watch_namespace.clone(),
+        timeout_seconds: args.webhook_timeout_seconds,
+    })
+}
+
+/// Who this operator is to the API server (its deletes are not reviewed by its own webhook).
+async fn own_username(client: &kube::Client) -> Result<String> {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let api: kube::Api<SelfSubjectReview> = kube::Api::all(client.clone());
+    let review = api
+        .create(
+            &kube::api::PostParams::default(),
+            &SelfSubjectReview::default(),
+        )
+        .await
+        .context("asking the API server who this operator is (SelfSubjectReview)")?;
+    review
+        .status
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.username)
+        .context("the SelfSubjectReview named no user")
+}
+
+/// The leader keeps the webhook configuration in step with the clusters' namespaces and the
+/// CA bundle; every replica renews its serving certificate.
+async fn keep_webhook(webhook: Arc<Webhook>, client: kube::Client, leading: Arc<AtomicBool>) {
+    use mo_kube::crd::MatrixOneCluster;
+    let mut applied: Option<(Vec<String>, std::time::Instant)> = None;
+    loop {
+        let renewed = match webhook.refresh(&client).await {
+            Ok(changed) => changed,
+            Err(e) => {
+                tracing::warn!(error = %e, "renewing the webhook certificate failed; retrying");
+                false
+            }
+        };
+        if leading.load(Ordering::Relaxed) {
+            let namespaces = match webhook.namespace_scope() {
+                Some(ns) => Ok(vec![ns.to_string()]),
+                None => kube::Api::<MatrixOneCluster>::all(client.clone())
+                    .list_metadata(&Default::default())
+                    .await
+                    .map(|list| {
+                        let set: std::collections::BTreeSet<String> = list
+                            .items
+                            .iter()
+                            .filter_map(|c| c.metadata.namespace.clone())
+                            .collect();
+                        set.into_iter().collect()
+                    }),
+            };
+            match namespaces {
+                Ok(namespaces) => {
+                    let due = renewed
+                        || applied.as_ref().is_none_or(|(ns, at)| {
+                            *ns != namespaces || at.elapsed() >= Duration::from_secs(300)
+                        });
+                    if due {
+                        match webhook.apply_configuration(&client, &namespaces).await {
+                            Ok(()) => {
+                                tracing::info!(?namespaces, "webhook configuration applied");
+                                applied = Some((namespaces, std::time::Instant::now()));
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "applying the webhook configuration failed")
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "listing clusters for the webhook scope failed")
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
 }
 
 pub async fn run(args: Args) -> Result<()> {
@@ -62,6 +274,7 @@ pub async fn run(args: Args) -> Result<()> {
     let health = Arc::new(Health {
         metrics: metrics.clone(),
         ready: AtomicBool::new(false),
+        context: OnceLock::new(),
     });
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -86,6 +299,14 @@ pub async fn run(args: Args) -> Result<()> {
                 Json(serde_json::json!({"p50_ms": p50, "p99_ms": p99, "samples": samples}))
             }),
         )
+        .route(
+            "/debug/review-latency",
+            get(|State(h): State<Arc<Health>>| async move {
+                let (p50, p99, samples) = h.metrics.review_percentiles();
+                Json(serde_json::json!({"p50_ms": p50, "p99_ms": p99, "samples": samples}))
+            }),
+        )
+        .route("/v1/drain-hook", post(drain_hook))
         .with_state(health.clone());
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
@@ -99,6 +320,35 @@ pub async fn run(args: Args) -> Result<()> {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
     });
+    // Webhooks are served by every replica (a standby refuses with 429: retry), so the API
+    // server always finds one answering while the lease changes hands.
+    let leading = Arc::new(AtomicBool::new(false));
+    let webhook = match &args.webhook_listen {
+        Some(listen) => {
+            let settings = webhook_settings(&args)?;
+            let user = own_username(&client).await?;
+            tracing::info!(%user, "the operator's own identity (its deletes are not reviewed)");
+            let webhook = Webhook::new(&client, settings, user)
+                .await
+                .context("setting up the webhook certificates")?;
+            let config = webhook.server_config()?;
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("binding {listen}"))?;
+            tokio::spawn(mo_kube::webhook::serve_tls(
+                listener,
+                config,
+                webhook.router(),
+            ));
+            tokio::spawn(keep_webhook(
+                webhook.clone(),
+                client.clone(),
+                leading.clone(),
+            ));
+            Some(webhook)
+        }
+        None => None,
+    };
     // A standby replica is healthy and ready: it is ready to take over.
     health.ready.store(true, Ordering::Relaxed);
     let elector = LeaderElector::new(
@@ -115,22 +365,33 @@ pub async fn run(args: Args) -> Result<()> {
     metrics.leader.set(1);
     let admin = AdminClient::new(&args.admin_endpoint, args.admin_timeout)
         .context("building the admin API client")?;
+    let drain_hook = match (
+        &args.drain_hook_endpoint,
+        args.drain_hook_command.is_empty(),
+    ) {
+        (Some(endpoint), false) => Some(DrainHook {
+            command: args.drain_hook_command.clone(),
+            endpoint: endpoint.clone(),
+        }),
+        _ => None,
+    };
     let settings = Settings {
         tick: args.tick,
         reapply_every: Duration::from_secs(60),
         instance: identity,
         namespace: args.watch_namespace.clone(),
+        drain_hook,
     };
+    let context = Context::start(client, admin, metrics.clone(), settings).await;
+    let _ = health.context.set(context.clone());
+    if let Some(webhook) = &webhook {
+        webhook.lead(context.clone());
+    }
+    leading.store(true, Ordering::Relaxed);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let controller = tokio::spawn(controller::run(
-        client,
-        admin,
-        metrics.clone(),
-        settings,
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
+    let controller = tokio::spawn(controller::run(context, async move {
+        let _ = stop_rx.await;
+    }));
     tokio::select! {
         lost = elector.keep() => {
             // Never act on a lease that may be someone else's: stop at once.

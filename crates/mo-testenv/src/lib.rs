@@ -79,11 +79,18 @@ impl ControlPlane {
     }
 
     pub async fn client(&self) -> Result<Client, TestEnvError> {
+        self.client_retrying(true).await
+    }
+
+    /// A client that retries 429/503/504 answers (`retry`) or returns them at once (to time
+    /// one call, or to see a refusal as the caller gets it).
+    pub async fn client_retrying(&self, retry: bool) -> Result<Client, TestEnvError> {
         let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)
             .map_err(|e| TestEnvError::Kubeconfig(e.to_string()))?;
-        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
             .map_err(|e| TestEnvError::Kubeconfig(e.to_string()))?;
+        config.default_retry = retry;
         Client::try_from(config).map_err(|e| TestEnvError::Kubeconfig(e.to_string()))
     }
 }

@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use mo_kube::crd::MatrixOneCluster;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -14,7 +15,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_mo-operator");
-/// Simulated seconds per wall-clock second in the data plane.
+/// Simulated seconds per wall-clock second in the data plane (it runs at wall-clock speed
+/// while Kubernetes owes a cluster a pod).
 pub const TIME_SCALE: &str = "30";
 
 pub struct Shared {
@@ -78,8 +80,9 @@ pub fn shared() -> &'static Shared {
                 &format!("127.0.0.1:{port}"),
                 "--time-scale",
                 TIME_SCALE,
+                // Enough nodes that every pod of the parallel tests gets its own (spread).
                 "--nodes",
-                "6",
+                "48",
             ])
             .env("KUBECONFIG", &kubeconfig)
             .env("RUST_LOG", "info");
@@ -105,6 +108,10 @@ pub struct Operator {
     pub metrics_port: u16,
     child: Child,
 }
+
+/// How many operator processes one test namespace may start (their ports are fixed up front
+/// so that CN pods' preStop hooks can reach whichever of them leads later).
+const OPERATORS_PER_NS: usize = 4;
 
 impl Operator {
     pub fn kill(&mut self) {
@@ -132,6 +139,19 @@ impl Operator {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Webhook / preStop review latency as the operator measured it.
+    pub async fn review_latency(&self) -> serde_json::Value {
+        reqwest::get(format!(
+            "http://127.0.0.1:{}/debug/review-latency",
+            self.metrics_port
+        ))
+        .await
+        .expect("latency endpoint")
+        .json()
+        .await
+        .expect("latency json")
+    }
+
     pub async fn metrics(&self) -> String {
         reqwest::get(format!("http://127.0.0.1:{}/metrics", self.metrics_port))
             .await
@@ -153,6 +173,11 @@ pub struct TestNs {
     pub ns: String,
     pub client: Client,
     pub shared: &'static Shared,
+    /// HTTP ports of this namespace's operator processes, in spawn order.
+    operator_ports: Vec<u16>,
+    spawned: std::sync::atomic::AtomicUsize,
+    /// Whether operators started here review plain pod deletes (the webhook's off switch).
+    pub protect_deletes: bool,
 }
 
 impl TestNs {
@@ -172,10 +197,16 @@ impl TestNs {
         api.create(&PostParams::default(), &namespace)
             .await
             .expect("create ns");
+        let operator_ports = (0..OPERATORS_PER_NS)
+            .map(|_| mo_testenv::free_port().expect("port"))
+            .collect();
         TestNs {
             ns: ns.into(),
             client,
             shared,
+            operator_ports,
+            spawned: std::sync::atomic::AtomicUsize::new(0),
+            protect_deletes: true,
         }
     }
 
@@ -190,6 +221,7 @@ impl TestNs {
         let sa = format!("mo-operator-{}", self.ns);
         let rbac = rbac
             .replace("name: mo-operator", &format!("name: {sa}"))
+            .replace("[\"mo-operator\"]", &format!("[\"{sa}\"]"))
             .replace("namespace: mo-system", &format!("namespace: {}", self.ns));
         let file = log_dir().join(format!("{}-rbac.yaml", self.ns));
         std::fs::write(&file, rbac).expect("write rbac");
@@ -218,7 +250,30 @@ impl TestNs {
         );
         let path = log_dir().join(format!("{}-{identity}.kubeconfig", self.ns));
         std::fs::write(&path, kubeconfig).expect("write kubeconfig");
-        self.spawn_operator(identity, &path)
+        // With the eviction / delete webhooks and the CN preStop hook, as deployed.
+        let webhook_port = mo_testenv::free_port().expect("port");
+        let hook_endpoints = self
+            .operator_ports
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let extra = vec![
+            "--webhook-listen".to_string(),
+            format!("127.0.0.1:{webhook_port}"),
+            "--webhook-url".into(),
+            format!("https://127.0.0.1:{webhook_port}"),
+            "--webhook-hosts".into(),
+            "127.0.0.1".into(),
+            "--webhook-configuration".into(),
+            sa.clone(),
+            "--webhook-ca-secret".into(),
+            format!("{}/mo-operator-webhook-ca", self.ns),
+            "--drain-hook-endpoint".into(),
+            hook_endpoints,
+            format!("--protect-pod-deletes={}", self.protect_deletes),
+        ];
+        self.spawn(identity, &path, "250ms", &extra)
     }
 
     pub fn operator(&self, identity: &str) -> Operator {
@@ -226,20 +281,27 @@ impl TestNs {
     }
 
     fn spawn_operator(&self, identity: &str, kubeconfig: &std::path::Path) -> Operator {
-        self.spawn_operator_ticking(identity, kubeconfig, "250ms")
+        self.spawn(identity, kubeconfig, "250ms", &[])
     }
 
     pub fn operator_ticking(&self, identity: &str, tick: &str) -> Operator {
-        self.spawn_operator_ticking(identity, self.shared.plane.kubeconfig(), tick)
+        self.spawn(identity, self.shared.plane.kubeconfig(), tick, &[])
     }
 
-    fn spawn_operator_ticking(
+    fn spawn(
         &self,
         identity: &str,
         kubeconfig: &std::path::Path,
         tick: &str,
+        extra: &[String],
     ) -> Operator {
-        let port = mo_testenv::free_port().expect("port");
+        let n = self
+            .spawned
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = match self.operator_ports.get(n) {
+            Some(p) => *p,
+            None => mo_testenv::free_port().expect("port"),
+        };
         let mut command = Command::new(BIN);
         command
             .args([
@@ -259,6 +321,7 @@ impl TestNs {
                 "--lease-duration",
                 "4s",
             ])
+            .args(extra)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,kube=warn");
         let log = log_dir().join(format!("{}-{identity}.log", self.ns));
@@ -368,6 +431,42 @@ impl TestNs {
     }
 }
 
+impl TestNs {
+    /// Turns a fault of the simulated kernel on (`{"handover_never_confirms": true}`, …).
+    pub async fn fault(&self, name: &str, faults: serde_json::Value) {
+        let url = format!(
+            "{}/v1/namespaces/{}/clusters/{name}/faults",
+            self.shared.admin, self.ns
+        );
+        let status = reqwest::Client::new()
+            .post(&url)
+            .json(&faults)
+            .send()
+            .await
+            .expect("faults endpoint")
+            .status();
+        assert!(status.is_success(), "faults: {status}");
+    }
+
+    /// Which pod's lock service owns each bound lock table (the data plane's ground truth).
+    pub async fn lock_tables(&self, name: &str) -> BTreeMap<String, String> {
+        let url = format!(
+            "{}/v1/namespaces/{}/clusters/{name}/lock-tables",
+            self.shared.admin, self.ns
+        );
+        reqwest::get(&url)
+            .await
+            .expect("lock tables endpoint")
+            .json()
+            .await
+            .expect("lock tables json")
+    }
+
+    pub async fn pod(&self, name: &str) -> Option<Pod> {
+        self.pods().get_opt(name).await.expect("get pod")
+    }
+}
+
 /// The data plane's independent observer saw no harm: no unsafe action, no transaction
 /// failed or ended unknown, no TN fatal exit.
 pub fn assert_no_harm(report: &mo_sim::Report) {
@@ -380,8 +479,10 @@ pub fn assert_no_harm(report: &mo_sim::Report) {
     assert_eq!(
         report.txns.failed_definite + report.txns.unknown,
         0,
-        "{:?}",
-        report.txns
+        "{:?}: {:?} {:?}",
+        report.txns,
+        report.errors_by_kind,
+        report.txn_failures_by_cause
     );
     assert_eq!(report.tn_fatal_exits, 0);
     assert!(

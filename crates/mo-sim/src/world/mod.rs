@@ -426,6 +426,10 @@ pub struct Simulation {
     pub(crate) cns: BTreeMap<PodId, Cn>,
     pub(crate) proxies: BTreeMap<PodId, Proxy>,
     pub(crate) fault_cn_never_heartbeats: bool,
+    /// The lock allocator never answers "can restart" (a kernel that never confirms).
+    pub(crate) fault_handover_never_confirms: bool,
+    /// Cold start: lock tables reserved for a CN (table → pod name), bound to it on first use.
+    pub(crate) preset_owners: BTreeMap<String, String>,
     pub(crate) tn_wal_tolerance: Option<Millis>,
     pub(crate) drain_protocol: bool,
     pub(crate) kernel_drains: BTreeMap<u64, KernelDrain>,
@@ -542,6 +546,8 @@ impl Simulation {
             cns: BTreeMap::new(),
             proxies: BTreeMap::new(),
             fault_cn_never_heartbeats: false,
+            fault_handover_never_confirms: false,
+            preset_owners: BTreeMap::new(),
             tn_wal_tolerance: None,
             drain_protocol: scenario.kernel.drain_protocol,
             kernel_drains: BTreeMap::new(),

@@ -59,7 +59,7 @@ impl Simulation {
                     (
                         uuid.clone(),
                         RestartAnswer {
-                            can_restart: mark.unlock_success,
+                            can_restart: mark.unlock_success && !self.fault_handover_never_confirms,
                             remaining_txns: remaining,
                         },
                     )

@@ -183,6 +183,9 @@ impl Simulation {
             if self.tn.phase != TnPhase::Running {
                 return LockResult::WaitForTn;
             }
+            if let Some(owner) = self.preset_owners.get(table_name).cloned() {
+                return self.bind_to_preset_owner(x, table, &owner);
+            }
             let Some(cn) = self.cns.get(&requester.pod) else {
                 return LockResult::Retry;
             };
@@ -232,6 +235,30 @@ impl Simulation {
         if cn.restart_mode != RestartMode::None && !cn.holders.contains(&x) {
             return LockResult::Retry;
         }
+        self.grant(x, table, &bind)
+    }
+
+    /// A table reserved for a CN (set up by a test) binds to that CN once its lock service is
+    /// open; lockers wait until then.
+    fn bind_to_preset_owner(&mut self, x: TxnId, table: usize, owner: &str) -> LockResult {
+        let Some(&pod) = self.pod_by_name.get(owner) else {
+            return LockResult::Retry;
+        };
+        let Some(cn) = self.cns.get(&pod).filter(|c| c.lock_open) else {
+            return LockResult::Retry;
+        };
+        self.bind_version_bump += 1;
+        let bind = Bind {
+            owner: Instance {
+                pod,
+                epoch: cn.epoch,
+            },
+            uuid: cn.uuid.clone(),
+            version: self.bind_version_bump,
+        };
+        let name = self.tables[table].clone();
+        self.preset_owners.remove(&name);
+        self.tn.allocator.binds.insert(name, bind.clone());
         self.grant(x, table, &bind)
     }
 

@@ -1,0 +1,972 @@
+//! The admission webhooks: `pods/eviction` (every eviction of a MatrixOne pod) and, optionally,
+//! `DELETE pods` by anyone but the operator, Kubernetes' own controllers and kubelets. Both
+//! answer through [`crate::disruption::review`].
+//!
+//! TLS: the operator keeps a CA in a Secret (created on first start, renewed before it
+//! expires, the previous CA kept in the bundle while certificates it signed may be in use),
+//! issues its own short-lived serving certificate from it, re-issues that before expiry
+//! without a restart, and keeps the `caBundle` of its ValidatingWebhookConfiguration in step.
+//! With cert-manager, the serving certificate is read from a mounted directory instead and the
+//! CA is injected by cert-manager's cainjector.
+//!
+//! Failure policy `Fail`, deliberately: when no replica answers, a MatrixOne pod cannot be
+//! evicted (or deleted) — an eviction missed would be an unreviewed CN taken with its lock
+//! tables, which is the incident this operator exists for; an eviction refused is a retry. The
+//! blast radius is bounded: the webhooks only see namespaces that hold a MatrixOneCluster, the
+//! delete webhook only MatrixOne pods (object selector) and never a pod already terminating,
+//! a kubelet, a kube-system controller or the operator itself. Break glass: delete the
+//! ValidatingWebhookConfiguration (the PodDisruptionBudgets still hold CNs back).
+
+use crate::controller::Context;
+use crate::disruption::{self, Door, Review};
+use crate::resources::{LABEL_MANAGED_BY, MANAGED_BY};
+use axum::extract::State;
+use axum::routing::post;
+use axum::{Json, Router};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchCondition, RuleWithOperations, ServiceReference, ValidatingWebhook,
+    ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::{Client, ResourceExt};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{Duration, SystemTime};
+
+const DAY: u64 = 86_400;
+/// CA lifetime, and how long before its end a new one replaces it.
+const CA_LIFETIME: u64 = 5 * 365 * DAY;
+const CA_RENEW_BEFORE: u64 = 365 * DAY;
+/// Serving certificate lifetime, and how long before its end it is re-issued.
+const SERVING_LIFETIME: u64 = 90 * DAY;
+const SERVING_RENEW_BEFORE: u64 = 30 * DAY;
+
+pub const EVICTION_WEBHOOK: &str = "evictions.ops.matrixorigin.io";
+pub const DELETE_WEBHOOK: &str = "pod-deletes.ops.matrixorigin.io";
+pub const EVICTION_PATH: &str = "/validate/eviction";
+pub const DELETE_PATH: &str = "/validate/pod-delete";
+
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("certificate: {0}")]
+    Cert(#[from] rcgen::Error),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("reading {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("CA secret {0} is incomplete or unreadable")]
+    BadSecret(String),
+}
+
+/// How the API server reaches the webhook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientTarget {
+    /// In a cluster: the operator's Service.
+    Service {
+        namespace: String,
+        name: String,
+        port: i32,
+    },
+    /// Outside (development, tests): an HTTPS URL, e.g. `https://127.0.0.1:9443`.
+    Url(String),
+}
+
+/// Where the serving certificate comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TlsSource {
+    /// The operator's own CA, kept in this Secret.
+    SelfManaged { namespace: String, secret: String },
+    /// cert-manager (or anything else) mounts `tls.crt`/`tls.key` (and `ca.crt`) here;
+    /// `inject_ca_from` (`<namespace>/<certificate>`) asks cert-manager to set the caBundle.
+    Files {
+        dir: PathBuf,
+        inject_ca_from: Option<String>,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct WebhookSettings {
+    /// Name of the ValidatingWebhookConfiguration the leader keeps.
+    pub configuration: String,
+    pub target: ClientTarget,
+    /// DNS names / IPs the serving certificate is valid for.
+    pub hosts: Vec<String>,
+    pub tls: TlsSource,
+    /// Also review plain deletes of MatrixOne pods.
+    pub protect_deletes: bool,
+    /// Users whose deletes are never reviewed (besides kubelets, kube-system controllers and
+    /// the operator itself).
+    pub exempt_users: Vec<String>,
+    /// Only this namespace (the operator's watch namespace); otherwise every namespace that
+    /// holds a MatrixOneCluster.
+    pub namespace: Option<String>,
+    pub timeout_seconds: i32,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Certificates
+
+/// The operator's CA as stored in its Secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaMaterial {
+    pub cert_pem: String,
+    pub key_pem: String,
+    /// Unix seconds.
+    pub not_after: u64,
+    /// The CA it replaced, still trusted in the bundle.
+    pub previous_cert_pem: Option<String>,
+}
+
+impl CaMaterial {
+    /// What the API server trusts: this CA and the previous one.
+    pub fn bundle(&self) -> String {
+        let mut bundle = self.cert_pem.clone();
+        if let Some(previous) = &self.previous_cert_pem {
+            bundle.push_str(previous);
+        }
+        bundle
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn at(secs: u64) -> time::OffsetDateTime {
+    time::OffsetDateTime::from_unix_timestamp(secs as i64)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+}
+
+fn ca_params(now: u64) -> Result<CertificateParams, rcgen::Error> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "mo-operator-webhook-ca");
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params.not_before = at(now.saturating_sub(3600));
+    params.not_after = at(now + CA_LIFETIME);
+    Ok(params)
+}
+
+/// A new CA valid from (about) `now`.
+pub fn new_ca(now: u64, previous: Option<&CaMaterial>) -> Result<CaMaterial, rcgen::Error> {
+    let key = KeyPair::generate()?;
+    let cert = ca_params(now)?.self_signed(&key)?;
+    Ok(CaMaterial {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        not_after: now + CA_LIFETIME,
+        previous_cert_pem: previous.map(|p| p.cert_pem.clone()),
+    })
+}
+
+/// A serving certificate for `hosts`, signed by `ca`. Returns (cert PEM, key PEM, not_after).
+pub fn issue_serving(
+    ca: &CaMaterial,
+    hosts: &[String],
+    now: u64,
+) -> Result<(String, String, u64), rcgen::Error> {
+    // The issuer is rebuilt from the same distinguished name and key as the stored CA.
+    let ca_key = KeyPair::from_pem(&ca.key_pem)?;
+    let issuer = Issuer::new(ca_params(now)?, ca_key);
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(hosts.to_vec())?;
+    params.distinguished_name.push(
+        DnType::CommonName,
+        hosts.first().map_or("mo-operator", String::as_str),
+    );
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.not_before = at(now.saturating_sub(3600));
+    let not_after = (now + SERVING_LIFETIME).min(ca.not_after);
+    params.not_after = at(not_after);
+    let cert = params.signed_by(&key, &issuer)?;
+    Ok((cert.pem(), key.serialize_pem(), not_after))
+}
+
+fn secret_field(secret: &Secret, key: &str) -> Option<String> {
+    secret
+        .data
+        .as_ref()?
+        .get(key)
+        .and_then(|b| String::from_utf8(b.0.clone()).ok())
+}
+
+fn ca_from_secret(secret: &Secret) -> Option<CaMaterial> {
+    Some(CaMaterial {
+        cert_pem: secret_field(secret, "ca.crt")?,
+        key_pem: secret_field(secret, "ca.key")?,
+        not_after: secret_field(secret, "ca.not-after")?.trim().parse().ok()?,
+        previous_cert_pem: secret_field(secret, "previous-ca.crt"),
+    })
+}
+
+fn secret_of(namespace: &str, name: &str, ca: &CaMaterial) -> Secret {
+    let mut data = BTreeMap::from([
+        (
+            "ca.crt".to_string(),
+            ByteString(ca.cert_pem.clone().into_bytes()),
+        ),
+        (
+            "ca.key".to_string(),
+            ByteString(ca.key_pem.clone().into_bytes()),
+        ),
+        (
+            "ca.not-after".to_string(),
+            ByteString(ca.not_after.to_string().into_bytes()),
+        ),
+    ]);
+    if let Some(previous) = &ca.previous_cert_pem {
+        data.insert(
+            "previous-ca.crt".into(),
+            ByteString(previous.clone().into_bytes()),
+        );
+    }
+    Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([(
+                LABEL_MANAGED_BY.to_string(),
+                MANAGED_BY.to_string(),
+            )])),
+            ..Default::default()
+        },
+        data: Some(data),
+        type_: Some("Opaque".into()),
+        ..Secret::default()
+    }
+}
+
+/// The CA from its Secret: created when missing, replaced when it nears its end. Replicas
+/// race safely: creation and replacement are conditional (create, or update on the
+/// resourceVersion read), the loser reads the winner's CA.
+pub async fn load_or_create_ca(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<CaMaterial, WebhookError> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    for _ in 0..5 {
+        let now = unix_now();
+        match api.get_opt(name).await? {
+            None => {
+                let ca = new_ca(now, None)?;
+                match api
+                    .create(&PostParams::default(), &secret_of(namespace, name, &ca))
+                    .await
+                {
+                    Ok(_) => {
+                        tracing::info!(secret = name, "created the webhook CA");
+                        return Ok(ca);
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Some(secret) => {
+                let ca = ca_from_secret(&secret)
+                    .ok_or_else(|| WebhookError::BadSecret(format!("{namespace}/{name}")))?;
+                if ca.not_after > now + CA_RENEW_BEFORE {
+                    return Ok(ca);
+                }
+                let renewed = new_ca(now, Some(&ca))?;
+                let mut replacement = secret_of(namespace, name, &renewed);
+                replacement.metadata.resource_version = secret.metadata.resource_version.clone();
+                match api
+                    .replace(name, &PostParams::default(), &replacement)
+                    .await
+                {
+                    Ok(_) => {
+                        tracing::info!(secret = name, "renewed the webhook CA");
+                        return Ok(renewed);
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    Err(WebhookError::BadSecret(format!(
+        "{namespace}/{name}: kept changing while read"
+    )))
+}
+
+fn certified_key(cert_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>, WebhookError> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| WebhookError::Tls(format!("certificate PEM: {e}")))?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+        .map_err(|e| WebhookError::Tls(format!("key PEM: {e}")))?;
+    let signing = rustls::crypto::ring::sign::any_supported_type(&key)
+        .map_err(|e| WebhookError::Tls(format!("key: {e}")))?;
+    Ok(Arc::new(CertifiedKey::new(certs, signing)))
+}
+
+/// The serving certificate, swapped in place when it is re-issued.
+#[derive(Debug)]
+pub struct RotatingCert(RwLock<Arc<CertifiedKey>>);
+
+impl RotatingCert {
+    fn set(&self, key: Arc<CertifiedKey>) {
+        *self.0.write().expect("cert lock") = key;
+    }
+}
+
+impl ResolvesServerCert for RotatingCert {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.read().expect("cert lock").clone())
+    }
+}
+
+/// What the webhook currently serves and trusts.
+struct TlsState {
+    cert: Arc<RotatingCert>,
+    /// The caBundle to publish (None: injected by cert-manager).
+    bundle: RwLock<Option<String>>,
+    /// When the serving certificate must be re-issued (self-managed) or re-read (files).
+    renew_at: RwLock<u64>,
+    fingerprint: RwLock<String>,
+}
+
+async fn current_material(
+    client: &Client,
+    settings: &WebhookSettings,
+) -> Result<(String, String, Option<String>, u64), WebhookError> {
+    match &settings.tls {
+        TlsSource::SelfManaged { namespace, secret } => {
+            let ca = load_or_create_ca(client, namespace, secret).await?;
+            let now = unix_now();
+            let (cert, key, not_after) = issue_serving(&ca, &settings.hosts, now)?;
+            Ok((
+                cert,
+                key,
+                Some(ca.bundle()),
+                not_after.saturating_sub(SERVING_RENEW_BEFORE),
+            ))
+        }
+        TlsSource::Files { dir, .. } => {
+            let read = |f: &str| {
+                let path = dir.join(f);
+                std::fs::read_to_string(&path).map_err(|source| WebhookError::Io { path, source })
+            };
+            let cert = read("tls.crt")?;
+            let key = read("tls.key")?;
+            let ca = read("ca.crt").ok();
+            // Re-read every minute: cert-manager renews the files in place.
+            Ok((cert, key, ca, unix_now() + 60))
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The ValidatingWebhookConfiguration
+
+/// The configuration the leader applies, scoped to `namespaces` (those holding clusters).
+pub fn configuration(
+    settings: &WebhookSettings,
+    bundle: Option<&str>,
+    namespaces: &[String],
+    operator_user: &str,
+) -> ValidatingWebhookConfiguration {
+    let client_config = |path: &str| WebhookClientConfig {
+        ca_bundle: bundle.map(|b| ByteString(b.as_bytes().to_vec())),
+        service: match &settings.target {
+            ClientTarget::Service {
+                namespace,
+                name,
+                port,
+            } => Some(ServiceReference {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                path: Some(path.into()),
+                port: Some(*port),
+            }),
+            ClientTarget::Url(_) => None,
+        },
+        url: match &settings.target {
+            ClientTarget::Url(base) => Some(format!("{}{path}", base.trim_end_matches('/'))),
+            ClientTarget::Service { .. } => None,
+        },
+    };
+    let namespace_selector = LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: "kubernetes.io/metadata.name".into(),
+            operator: "In".into(),
+            values: Some(namespaces.to_vec()),
+        }]),
+        ..LabelSelector::default()
+    };
+    let mut webhooks = Vec::new();
+    if !namespaces.is_empty() {
+        // The Eviction object carries no pod labels: an object selector cannot scope this
+        // one (it would match nothing); the handler lets non-MatrixOne pods through.
+        webhooks.push(ValidatingWebhook {
+            name: EVICTION_WEBHOOK.into(),
+            client_config: client_config(EVICTION_PATH),
+            rules: Some(vec![RuleWithOperations {
+                operations: Some(vec!["CREATE".into()]),
+                api_groups: Some(vec!["".into()]),
+                api_versions: Some(vec!["v1".into()]),
+                resources: Some(vec!["pods/eviction".into()]),
+                scope: Some("Namespaced".into()),
+            }]),
+            failure_policy: Some("Fail".into()),
+            match_policy: Some("Equivalent".into()),
+            side_effects: "NoneOnDryRun".into(),
+            admission_review_versions: vec!["v1".into()],
+            timeout_seconds: Some(settings.timeout_seconds),
+            namespace_selector: Some(namespace_selector.clone()),
+            ..ValidatingWebhook::default()
+        });
+        if settings.protect_deletes {
+            let mut exempt = vec![operator_user.to_string()];
+            exempt.extend(settings.exempt_users.iter().cloned());
+            let exempt_list = exempt
+                .iter()
+                .map(|u| format!("'{}'", u.replace('\'', "")))
+                .collect::<Vec<_>>()
+                .join(", ");
+            webhooks.push(ValidatingWebhook {
+                name: DELETE_WEBHOOK.into(),
+                client_config: client_config(DELETE_PATH),
+                rules: Some(vec![RuleWithOperations {
+                    operations: Some(vec!["DELETE".into()]),
+                    api_groups: Some(vec!["".into()]),
+                    api_versions: Some(vec!["v1".into()]),
+                    resources: Some(vec!["pods".into()]),
+                    scope: Some("Namespaced".into()),
+                }]),
+                failure_policy: Some("Fail".into()),
+                match_policy: Some("Equivalent".into()),
+                side_effects: "NoneOnDryRun".into(),
+                admission_review_versions: vec!["v1".into()],
+                timeout_seconds: Some(settings.timeout_seconds),
+                namespace_selector: Some(namespace_selector),
+                object_selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([(
+                        LABEL_MANAGED_BY.to_string(),
+                        MANAGED_BY.to_string(),
+                    )])),
+                    ..LabelSelector::default()
+                }),
+                match_conditions: Some(vec![
+                    // Already on its way out (its preStop hook holds a CN): nothing to review,
+                    // and the kubelet's final delete must never wait for us.
+                    MatchCondition {
+                        name: "not-already-terminating".into(),
+                        expression: "!has(oldObject.metadata.deletionTimestamp)".into(),
+                    },
+                    MatchCondition {
+                        name: "not-the-operator-or-the-system".into(),
+                        expression: format!(
+                            "!(request.userInfo.username in [{exempt_list}]) && \
+                             !request.userInfo.username.startsWith('system:node:') && \
+                             !request.userInfo.username.startsWith('system:serviceaccount:kube-system:') && \
+                             request.userInfo.username != 'system:kube-controller-manager'"
+                        ),
+                    },
+                ]),
+            });
+        }
+    }
+    let mut annotations = BTreeMap::new();
+    if let TlsSource::Files {
+        inject_ca_from: Some(from),
+        ..
+    } = &settings.tls
+    {
+        annotations.insert("cert-manager.io/inject-ca-from".to_string(), from.clone());
+    }
+    ValidatingWebhookConfiguration {
+        metadata: kube::api::ObjectMeta {
+            name: Some(settings.configuration.clone()),
+            labels: Some(BTreeMap::from([(
+                LABEL_MANAGED_BY.to_string(),
+                MANAGED_BY.to_string(),
+            )])),
+            annotations: (!annotations.is_empty()).then_some(annotations),
+            ..Default::default()
+        },
+        webhooks: Some(webhooks),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Serving
+
+/// Shared by the HTTPS handlers: the controller context once this replica leads.
+pub struct Webhook {
+    settings: WebhookSettings,
+    context: OnceLock<Arc<Context>>,
+    operator_user: String,
+    tls: TlsState,
+}
+
+impl Webhook {
+    /// Loads (or creates) the certificates; `operator_user` is this operator's own identity.
+    pub async fn new(
+        client: &Client,
+        settings: WebhookSettings,
+        operator_user: String,
+    ) -> Result<Arc<Webhook>, WebhookError> {
+        let (cert, key, bundle, renew_at) = current_material(client, &settings).await?;
+        let fingerprint = cert.clone();
+        Ok(Arc::new(Webhook {
+            settings,
+            context: OnceLock::new(),
+            operator_user,
+            tls: TlsState {
+                cert: Arc::new(RotatingCert(RwLock::new(certified_key(&cert, &key)?))),
+                bundle: RwLock::new(bundle),
+                renew_at: RwLock::new(renew_at),
+                fingerprint: RwLock::new(fingerprint),
+            },
+        }))
+    }
+
+    /// From now on this replica answers reviews (it leads).
+    pub fn lead(&self, context: Arc<Context>) {
+        let _ = self.context.set(context);
+    }
+
+    pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, WebhookError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| WebhookError::Tls(e.to_string()))?
+            .with_no_client_auth()
+            .with_cert_resolver(self.tls.cert.clone());
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    }
+
+    /// Re-issues (or re-reads) the serving certificate when due; returns whether it changed.
+    pub async fn refresh(&self, client: &Client) -> Result<bool, WebhookError> {
+        if unix_now() < *self.tls.renew_at.read().expect("lock") {
+            return Ok(false);
+        }
+        let (cert, key, bundle, renew_at) = current_material(client, &self.settings).await?;
+        *self.tls.renew_at.write().expect("lock") = renew_at;
+        if *self.tls.fingerprint.read().expect("lock") == cert {
+            return Ok(false);
+        }
+        self.tls.cert.set(certified_key(&cert, &key)?);
+        *self.tls.fingerprint.write().expect("lock") = cert;
+        *self.tls.bundle.write().expect("lock") = bundle;
+        tracing::info!("webhook serving certificate renewed");
+        Ok(true)
+    }
+
+    /// Applies the configuration for `namespaces` (the leader's job).
+    pub async fn apply_configuration(
+        &self,
+        client: &Client,
+        namespaces: &[String],
+    ) -> Result<(), WebhookError> {
+        let bundle = self.tls.bundle.read().expect("lock").clone();
+        let vwc = configuration(
+            &self.settings,
+            bundle.as_deref(),
+            namespaces,
+            &self.operator_user,
+        );
+        let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+        api.patch(
+            &self.settings.configuration,
+            &PatchParams::apply(crate::crd::FIELD_MANAGER).force(),
+            &Patch::Apply(&vwc),
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub fn namespace_scope(&self) -> Option<&str> {
+        self.settings.namespace.as_deref()
+    }
+
+    /// The routes of the HTTPS server.
+    pub fn router(self: &Arc<Self>) -> Router {
+        Router::new()
+            .route(EVICTION_PATH, post(eviction_handler))
+            .route(DELETE_PATH, post(delete_handler))
+            .with_state(self.clone())
+    }
+
+    /// The leader's context, or the reason this replica cannot answer.
+    pub fn context(&self) -> Result<&Arc<Context>, Review> {
+        self.context.get().ok_or(Review {
+            allowed: false,
+            reason: "this operator replica is a standby, not the leader: retry".into(),
+        })
+    }
+}
+
+/// Serves `router` over TLS on `listener` until the process ends.
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    router: Router,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "webhook accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let acceptor = acceptor.clone();
+        let router = router.clone();
+        tokio::spawn(async move {
+            let tls = match acceptor.accept(stream).await {
+                Ok(tls) => tls,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+            };
+            let service = hyper_util::service::TowerToHyperService::new(router);
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .await
+            {
+                tracing::debug!(%peer, error = %e, "webhook connection ended");
+            }
+        });
+    }
+}
+
+fn respond(request: &AdmissionRequest<DynamicObject>, review: Review) -> AdmissionResponse {
+    let response = AdmissionResponse::from(request);
+    if review.allowed {
+        return response;
+    }
+    let mut response = response.deny(review.reason);
+    // 429: every evictor (kubectl drain, the autoscalers) retries on it.
+    response.result.code = 429;
+    response.result.reason = "TooManyRequests".into();
+    response
+}
+
+type Shared = State<Arc<Webhook>>;
+
+fn parse(body: AdmissionReview<DynamicObject>) -> Result<AdmissionRequest<DynamicObject>, String> {
+    body.try_into()
+        .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| e.to_string())
+}
+
+async fn eviction_handler(
+    State(hook): Shared,
+    Json(body): Json<AdmissionReview<DynamicObject>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    let request = match parse(body) {
+        Ok(r) => r,
+        Err(invalid) => return Json(AdmissionResponse::invalid(invalid).into_review()),
+    };
+    let review = eviction_review(&hook, &request).await;
+    Json(respond(&request, review).into_review())
+}
+
+async fn eviction_review(hook: &Webhook, request: &AdmissionRequest<DynamicObject>) -> Review {
+    if request.dry_run {
+        return Review {
+            allowed: false,
+            reason: "dry run: a real eviction of a MatrixOne pod is reviewed (and may start a \
+                     drain); nothing was started"
+                .into(),
+        };
+    }
+    let ctx = match hook.context() {
+        Ok(ctx) => ctx,
+        Err(standby) => return standby,
+    };
+    let namespace = request.namespace.clone().unwrap_or_default();
+    // The evictor may name the instance it means (deleteOptions.preconditions.uid).
+    let uid = request.object.as_ref().and_then(|o| {
+        o.data
+            .pointer("/deleteOptions/preconditions/uid")
+            .and_then(|u| u.as_str())
+            .map(str::to_string)
+    });
+    disruption::review(
+        ctx,
+        &namespace,
+        &request.name,
+        uid.as_deref(),
+        None,
+        Door::Eviction,
+    )
+    .await
+}
+
+async fn delete_handler(
+    State(hook): Shared,
+    Json(body): Json<AdmissionReview<DynamicObject>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    let request = match parse(body) {
+        Ok(r) => r,
+        Err(invalid) => return Json(AdmissionResponse::invalid(invalid).into_review()),
+    };
+    let review = delete_review(&hook, &request).await;
+    Json(respond(&request, review).into_review())
+}
+
+async fn delete_review(hook: &Webhook, request: &AdmissionRequest<DynamicObject>) -> Review {
+    let allow = |reason: &str| Review {
+        allowed: true,
+        reason: reason.into(),
+    };
+    if request.operation != Operation::Delete {
+        return allow("not a delete");
+    }
+    let user = request.user_info.username.clone().unwrap_or_default();
+    if user == hook.operator_user || hook.settings.exempt_users.contains(&user) {
+        return allow("the operator's own (or an exempt) delete");
+    }
+    let pod: Option<Pod> = request
+        .old_object
+        .as_ref()
+        .and_then(|o| serde_json::to_value(o).ok())
+        .and_then(|v| serde_json::from_value(v).ok());
+    let Some(pod) = pod else {
+        return Review {
+            allowed: false,
+            reason: "the request carries no pod: retry".into(),
+        };
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
+        return allow("already terminating");
+    }
+    if request.dry_run {
+        return Review {
+            allowed: false,
+            reason: "dry run: a real delete of a MatrixOne pod is reviewed (and may start a \
+                     drain); nothing was started"
+                .into(),
+        };
+    }
+    let ctx = match hook.context() {
+        Ok(ctx) => ctx,
+        Err(standby) => return standby,
+    };
+    let namespace = pod.namespace().unwrap_or_default();
+    let name = pod.name_any();
+    let uid = pod.uid();
+    disruption::review(
+        ctx,
+        &namespace,
+        &name,
+        uid.as_deref(),
+        Some(pod),
+        Door::Delete { user },
+    )
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::client::danger::ServerCertVerifier;
+
+    #[test]
+    fn a_serving_certificate_chains_to_the_stored_ca() {
+        let now = unix_now();
+        let ca = new_ca(now, None).expect("ca");
+        let (cert, key, not_after) = issue_serving(
+            &ca,
+            &["mo-operator.ops.svc".into(), "127.0.0.1".into()],
+            now,
+        )
+        .expect("issued");
+        assert_eq!(not_after, now + SERVING_LIFETIME);
+        certified_key(&cert, &key).expect("rustls accepts it");
+        // Verified the way the API server does: against the CA bundle.
+        let mut roots = rustls::RootCertStore::empty();
+        for der in CertificateDer::pem_slice_iter(ca.bundle().as_bytes()) {
+            roots.add(der.expect("pem")).expect("root");
+        }
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            Arc::new(rustls::crypto::ring::default_provider()),
+        )
+        .build()
+        .expect("verifier");
+        let leaf = CertificateDer::pem_slice_iter(cert.as_bytes())
+            .next()
+            .expect("one")
+            .expect("pem");
+        let name = rustls::pki_types::ServerName::try_from("mo-operator.ops.svc").expect("name");
+        verifier
+            .verify_server_cert(
+                &leaf,
+                &[],
+                &name,
+                &[],
+                rustls::pki_types::UnixTime::since_unix_epoch(Duration::from_secs(now)),
+            )
+            .expect("chains to the CA");
+        let other = rustls::pki_types::ServerName::try_from("evil.example").expect("name");
+        assert!(
+            verifier
+                .verify_server_cert(
+                    &leaf,
+                    &[],
+                    &other,
+                    &[],
+                    rustls::pki_types::UnixTime::since_unix_epoch(Duration::from_secs(now)),
+                )
+                .is_err()
+        );
+        // A renewed CA keeps the previous one trusted in the bundle.
+        let renewed = new_ca(now, Some(&ca)).expect("renewed");
+        assert!(renewed.bundle().contains(&ca.cert_pem));
+        assert!(renewed.bundle().contains(&renewed.cert_pem));
+    }
+
+    fn settings(protect_deletes: bool) -> WebhookSettings {
+        WebhookSettings {
+            configuration: "mo-operator".into(),
+            target: ClientTarget::Service {
+                namespace: "mo-system".into(),
+                name: "mo-operator-webhook".into(),
+                port: 443,
+            },
+            hosts: vec!["mo-operator-webhook.mo-system.svc".into()],
+            tls: TlsSource::SelfManaged {
+                namespace: "mo-system".into(),
+                secret: "mo-operator-webhook-ca".into(),
+            },
+            protect_deletes,
+            exempt_users: vec!["admin-breakglass".into()],
+            namespace: None,
+            timeout_seconds: 10,
+        }
+    }
+
+    #[test]
+    fn the_configuration_fails_closed_and_is_scoped_to_cluster_namespaces() {
+        let vwc = configuration(
+            &settings(true),
+            Some("PEM"),
+            &["db".into()],
+            "system:serviceaccount:mo-system:mo-operator",
+        );
+        let hooks = vwc.webhooks.expect("webhooks");
+        assert_eq!(hooks.len(), 2);
+        for h in &hooks {
+            assert_eq!(h.failure_policy.as_deref(), Some("Fail"));
+            assert_eq!(h.side_effects, "NoneOnDryRun");
+            let values = h
+                .namespace_selector
+                .as_ref()
+                .unwrap()
+                .match_expressions
+                .as_ref()
+                .unwrap()[0]
+                .values
+                .clone();
+            assert_eq!(values, Some(vec!["db".to_string()]));
+            assert_eq!(
+                h.client_config.ca_bundle.as_ref().map(|b| b.0.clone()),
+                Some(b"PEM".to_vec())
+            );
+        }
+        let eviction = &hooks[0];
+        assert!(
+            eviction.object_selector.is_none(),
+            "an Eviction has no pod labels"
+        );
+        let delete = &hooks[1];
+        let conditions = delete.match_conditions.as_ref().expect("conditions");
+        assert!(
+            conditions[1]
+                .expression
+                .contains("system:serviceaccount:mo-system:mo-operator")
+        );
+        assert!(conditions[1].expression.contains("admin-breakglass"));
+        // Off switch, and no namespace with a cluster: nothing intercepted.
+        let off = configuration(&settings(false), None, &["db".into()], "me");
+        assert_eq!(off.webhooks.expect("list").len(), 1);
+        let none = configuration(&settings(true), None, &[], "me");
+        assert!(none.webhooks.expect("list").is_empty());
+    }
+
+    #[test]
+    fn a_refusal_is_a_429_with_the_reason() {
+        let review: AdmissionReview<DynamicObject> = serde_json::from_value(serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+                "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "subResource": "eviction",
+                "requestKind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+                "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+                "requestSubResource": "eviction",
+                "name": "mo-tp-0",
+                "namespace": "db",
+                "operation": "CREATE",
+                "userInfo": {"username": "admin"},
+                "object": {"apiVersion": "policy/v1", "kind": "Eviction",
+                    "metadata": {"name": "mo-tp-0", "namespace": "db"},
+                    "deleteOptions": {"preconditions": {"uid": "u-1"}}},
+                "oldObject": null,
+                "dryRun": false,
+                "options": null
+            }
+        }))
+        .expect("a review");
+        let request = parse(review).expect("a request");
+        assert_eq!(
+            request
+                .object
+                .as_ref()
+                .and_then(|o| o.data.pointer("/deleteOptions/preconditions/uid"))
+                .and_then(|u| u.as_str()),
+            Some("u-1")
+        );
+        let response = respond(
+            &request,
+            Review {
+                allowed: false,
+                reason: "draining first".into(),
+            },
+        );
+        let json = serde_json::to_value(response.into_review()).expect("json");
+        assert_eq!(json["response"]["allowed"], false);
+        assert_eq!(json["response"]["status"]["code"], 429);
+        assert_eq!(json["response"]["status"]["message"], "draining first");
+        assert_eq!(
+            json["response"]["uid"],
+            "705ab4f5-6393-11e8-b7cc-42010a800002"
+        );
+    }
+}
