@@ -441,10 +441,11 @@ impl Policy for SafePolicy {
                 let (name, uid) = (pod.name.clone(), pod.uid.clone());
                 if let Some(d) = self.active_drain(&name, &uid) {
                     d.last_eviction_at = Some(now);
-                    if d.stage == DrainStage::Confirmed
+                    // Confirmed (or already released) earlier: it must still hold on this very
+                    // observation — same instance, fresh, idle, handed over — or back to work.
+                    if d.confirmed()
                         && let Err(why) = d.still_confirmed(obs)
                     {
-                        // Confirmed earlier, not any more: back to work, and the evictor waits.
                         d.stage = DrainStage::MarkDraining;
                         return EvictionVerdict::Deny {
                             reason: format!("{name}: its drain must be confirmed again: {why}"),

@@ -508,3 +508,50 @@ fn a_released_restart_drain_leaves_the_new_instance_to_a_newer_drain() {
     assert_eq!(active.len(), 1);
     assert_eq!(active[0].pod_uid, "u-cn-0b");
 }
+
+/// Found in review: an eviction allowed once (the drain Released) but then refused by someone
+/// else (a budget, a timeout) is retried later; if the container restarted meanwhile (same
+/// pod UID, new start epoch), the retry must not be allowed on the old confirmation.
+#[test]
+fn a_released_drain_is_checked_again_before_a_second_eviction_is_allowed() {
+    let mut evict = drain::Drain::new(
+        "cn-0",
+        "u-cn-0",
+        "uuid-cn-0",
+        drain::DrainPurpose::Evict {
+            source: "kubectl-drain".into(),
+        },
+        Millis::from_secs(1),
+    );
+    evict.start_epoch = Some(10);
+    evict.stage = drain::DrainStage::Released;
+    let mut record = SafePolicy::new(SafeConfig::default()).record().clone();
+    record.format = safe::RECORD_FORMAT;
+    record.drains.push(evict);
+    let mut p = SafePolicy::resume(
+        SafeConfig::default(),
+        &serde_json::to_string(&record).unwrap(),
+    );
+    let mut o = cluster("v1");
+    // The same pod object, a new process: HAKeeper shows a new start epoch, Working again.
+    o.hakeeper.as_mut().unwrap().cns[0].start_epoch = 11;
+    let verdict = p.review_eviction(
+        &o,
+        &EvictionRequest {
+            pod: "cn-0".into(),
+            uid: "u-cn-0".into(),
+            source: "kubectl-drain".into(),
+        },
+    );
+    assert!(
+        matches!(&verdict, EvictionVerdict::Deny { reason } if reason.contains("confirmed again")),
+        "{verdict:?}"
+    );
+    let d = p
+        .record()
+        .drains
+        .iter()
+        .find(|d| d.is_active())
+        .expect("the drain goes on");
+    assert_eq!(d.stage, drain::DrainStage::MarkDraining);
+}

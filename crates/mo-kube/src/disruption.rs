@@ -15,7 +15,8 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::events::EventType;
 use mo_core::{EvictionRequest, EvictionVerdict, Policy, SafePolicy};
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Which door the pod is leaving through.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,26 +52,54 @@ impl Door {
 pub struct Review {
     pub allowed: bool,
     pub reason: String,
+    /// HTTP status of a refusal: 429 (retry later) or 404 (no such pod: the evictor is done).
+    pub code: u16,
 }
 
 impl Review {
-    fn allow(reason: impl Into<String>) -> Review {
+    pub fn allow(reason: impl Into<String>) -> Review {
         Review {
             allowed: true,
             reason: reason.into(),
+            code: 200,
         }
     }
-    fn deny(reason: impl Into<String>) -> Review {
+    pub fn deny(reason: impl Into<String>) -> Review {
         Review {
             allowed: false,
             reason: reason.into(),
+            code: 429,
         }
     }
 }
 
+/// How long a review waits for the cluster's state (a tick may hold it): well inside the API
+/// server's webhook timeout, so the caller always gets our answer (a refusal: retry).
+const STATE_WAIT: Duration = Duration::from_secs(4);
+/// How long recording a decision may take before the review gives up on it (and refuses).
+const RECORD_WAIT: Duration = Duration::from_secs(3);
+
 /// Reviews pod `name` (`uid`, when the caller knows which instance it means) leaving
 /// through `door`. `pod` is the object when the caller has it (a DELETE carries it).
+///
+/// Runs as a task of its own: a caller that goes away (the API server's timeout) cannot cut a
+/// review between its decision and the recording of it.
 pub async fn review(
+    ctx: Arc<Context>,
+    namespace: String,
+    name: String,
+    uid: Option<String>,
+    pod: Option<Pod>,
+    door: Door,
+) -> Review {
+    let task = tokio::spawn(async move {
+        review_timed(&ctx, &namespace, &name, uid.as_deref(), pod, door).await
+    });
+    task.await
+        .unwrap_or_else(|e| Review::deny(format!("the review failed ({e}): retry")))
+}
+
+async fn review_timed(
     ctx: &Context,
     namespace: &str,
     name: &str,
@@ -114,8 +143,15 @@ async fn review_inner(
             match api.get_opt(name).await {
                 Ok(Some(p)) => p,
                 Ok(None) if *door == Door::Eviction => {
-                    // The API server answers "not found" to the evictor itself.
-                    return (None, Review::allow(format!("pod {name} does not exist")));
+                    // Refused as "not found" (the evictor is done with it), never allowed: a
+                    // pod of that name created meanwhile must not go unreviewed.
+                    return (
+                        None,
+                        Review {
+                            code: 404,
+                            ..Review::deny(format!("pod {name} does not exist"))
+                        },
+                    );
                 }
                 Ok(None) => {
                     return (
@@ -168,11 +204,20 @@ async fn review_inner(
     let clusters: Api<MatrixOneCluster> = Api::namespaced(ctx.client.clone(), namespace);
     let cluster = match clusters.get_opt(&cluster_name).await {
         Ok(Some(c)) => c,
-        // The whole cluster is being removed: its pods go with it.
+        // The whole cluster was removed and the garbage collector takes its pods; a pod that
+        // no cluster owns (orphaned, or mislabelled) is not let go blindly.
         Ok(None) => {
+            let owned = owned_by_removed_cluster(ctx, namespace, &pod, &cluster_name).await;
             return (
                 component_name,
-                Review::allow(format!("cluster {cluster_name} no longer exists")),
+                if owned {
+                    Review::allow(format!("cluster {cluster_name} no longer exists"))
+                } else {
+                    Review::deny(format!(
+                        "pod {name} names cluster {cluster_name}, which does not exist, and no \
+                         cluster owns it: it stays until someone decides"
+                    ))
+                },
             );
         }
         Err(e) => {
@@ -203,7 +248,12 @@ async fn review_inner(
         );
     };
     let state = ctx.state(&cluster_uid);
-    let mut state = state.lock().await;
+    let Ok(mut state) = tokio::time::timeout(STATE_WAIT, state.lock()).await else {
+        return (
+            component_name,
+            Review::deny("the operator is busy with this cluster: retry"),
+        );
+    };
     let Some(config) = state.config.clone() else {
         return (
             component_name,
@@ -240,7 +290,10 @@ async fn review_inner(
     // survives an operator restart.
     if after != before {
         let record = after.clone().unwrap_or_default();
-        if let Err(e) = patch_progress(ctx, &cluster, &record).await {
+        let recorded = tokio::time::timeout(RECORD_WAIT, patch_progress(ctx, &cluster, &record))
+            .await
+            .unwrap_or_else(|_| Err(kube::Error::Service("timed out".into())));
+        if let Err(e) = recorded {
             // Not recorded: forget it and refuse; the caller retries.
             state.policy = Some(match &before {
                 Some(r) => SafePolicy::resume(config, r),
@@ -278,4 +331,46 @@ async fn review_inner(
         .await;
     }
     (component_name, review)
+}
+
+/// The pod belongs to a cluster that is gone, through the owner chain the garbage collector
+/// follows: owned by the cluster itself (CN), or by a StatefulSet that the cluster owned or
+/// that is itself gone or being deleted (LOG, TN, proxy). Unknown answers are "no".
+async fn owned_by_removed_cluster(
+    ctx: &Context,
+    namespace: &str,
+    pod: &Pod,
+    cluster_name: &str,
+) -> bool {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    let Some(owner) = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+    else {
+        return false;
+    };
+    match owner.kind.as_str() {
+        "MatrixOneCluster" => owner.name == cluster_name,
+        "StatefulSet" => {
+            let api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), namespace);
+            match api.get_opt(&owner.name).await {
+                Ok(None) => true,
+                Ok(Some(sts)) => {
+                    sts.metadata.uid.as_deref() != Some(owner.uid.as_str())
+                        || sts.metadata.deletion_timestamp.is_some()
+                        || sts
+                            .metadata
+                            .owner_references
+                            .iter()
+                            .flatten()
+                            .any(|o| o.kind == "MatrixOneCluster" && o.name == cluster_name)
+                }
+                Err(_) => false,
+            }
+        }
+        _ => false,
+    }
 }

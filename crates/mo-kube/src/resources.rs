@@ -9,9 +9,9 @@
 use crate::crd::{GROUP, MatrixOneCluster};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, Lifecycle,
-    LifecycleHandler, ObjectFieldSelector, Pod, PodSpec, PodTemplateSpec, Service, ServicePort,
-    ServiceSpec, Toleration,
+    ConfigMap, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
+    Lifecycle, LifecycleHandler, ObjectFieldSelector, Pod, PodSpec, PodTemplateSpec, Service,
+    ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::Resource;
@@ -209,11 +209,19 @@ pub fn statefulset(cluster: &MatrixOneCluster, component: Component, version: &s
 /// pod's own instance is confirmed by the operator at `endpoint`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DrainHook {
-    /// E.g. `["/mo-operator", "drain-hook"]` (the binary in the CN image or a mounted one).
+    /// E.g. `["/mo-operator-hook/mo-operator", "drain-hook"]`.
     pub command: Vec<String>,
     /// The operator's HTTP endpoint (`http://mo-operator.<ns>.svc:8080`).
     pub endpoint: String,
+    /// The operator's image: an init container copies its binary into a volume the CN
+    /// container mounts at [`HOOK_DIR`], so the hook exists in any CN image. None: the CN
+    /// image must carry the command itself.
+    pub image: Option<String>,
 }
+
+/// Where CN containers find the hook binary the init container installed.
+pub const HOOK_DIR: &str = "/mo-operator-hook";
+const HOOK_VOLUME: &str = "mo-operator-hook";
 
 pub const ENV_HOOK_ENDPOINT: &str = "MO_OPERATOR_ENDPOINT";
 
@@ -252,6 +260,35 @@ pub fn cn_pod(
         crate::crd::parse_go_duration(&cluster.spec.drain.grace_period)
             .map_or(3600, |m| (m.0 / 1000).max(30) as i64),
     );
+    if let Some(image) = hook.and_then(|h| h.image.clone()) {
+        let mount = VolumeMount {
+            name: HOOK_VOLUME.into(),
+            mount_path: HOOK_DIR.into(),
+            ..VolumeMount::default()
+        };
+        spec.volumes = Some(vec![Volume {
+            name: HOOK_VOLUME.into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        }]);
+        spec.init_containers = Some(vec![Container {
+            name: "install-drain-hook".into(),
+            image: Some(image),
+            command: Some(vec![
+                "mo-operator".into(),
+                "install-hook".into(),
+                format!("{HOOK_DIR}/mo-operator"),
+            ]),
+            volume_mounts: Some(vec![mount.clone()]),
+            ..Container::default()
+        }]);
+        if let Some(container) = spec.containers.first_mut() {
+            container.volume_mounts = Some(vec![VolumeMount {
+                read_only: Some(true),
+                ..mount
+            }]);
+        }
+    }
     if let (Some(hook), Some(container)) = (hook, spec.containers.first_mut()) {
         container.lifecycle = Some(Lifecycle {
             pre_stop: Some(LifecycleHandler {
@@ -479,6 +516,45 @@ mod tests {
             pod.spec.expect("spec").containers[0].image.as_deref(),
             Some("matrixorigin/matrixone:v1.2.0")
         );
+    }
+
+    /// The hook the CN runs is installed into it from the operator's image; its grace period
+    /// is the spec's drain grace period.
+    #[test]
+    fn a_cn_pod_carries_its_drain_hook_and_the_binary_for_it() {
+        let hook = DrainHook {
+            command: vec![format!("{HOOK_DIR}/mo-operator"), "drain-hook".into()],
+            endpoint: "http://mo-operator.mo-system.svc:8080".into(),
+            image: Some("ghcr.io/example/mo-operator:0.1.0".into()),
+        };
+        let spec = cn_pod(&cluster(), "tp", 0, "v1", Some(&hook))
+            .spec
+            .expect("spec");
+        assert_eq!(spec.termination_grace_period_seconds, Some(3600));
+        let init = &spec.init_containers.as_ref().expect("init")[0];
+        assert_eq!(init.image, hook.image);
+        let installs_to = init.command.as_ref().expect("command")[2].clone();
+        assert_eq!(installs_to, hook.command[0]);
+        let main = &spec.containers[0];
+        let mount = &main.volume_mounts.as_ref().expect("mounts")[0];
+        assert!(installs_to.starts_with(&mount.mount_path));
+        assert_eq!(
+            init.volume_mounts.as_ref().expect("mounts")[0].name,
+            mount.name
+        );
+        let exec = main
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.pre_stop.as_ref())
+            .and_then(|h| h.exec.as_ref())
+            .and_then(|e| e.command.clone());
+        assert_eq!(exec, Some(hook.command.clone()));
+        let env: Vec<_> = main.env.iter().flatten().map(|e| e.name.as_str()).collect();
+        for name in [ENV_HOOK_ENDPOINT, "POD_NAMESPACE", "POD_NAME", "POD_UID"] {
+            assert!(env.contains(&name), "{env:?}");
+        }
+        let bare = cn_pod(&cluster(), "tp", 0, "v1", None).spec.expect("spec");
+        assert!(bare.init_containers.is_none() && bare.containers[0].lifecycle.is_none());
     }
 
     #[test]

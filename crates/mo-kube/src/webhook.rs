@@ -14,8 +14,10 @@
 //! tables, which is the incident this operator exists for; an eviction refused is a retry. The
 //! blast radius is bounded: the webhooks only see namespaces that hold a MatrixOneCluster, the
 //! delete webhook only MatrixOne pods (object selector) and never a pod already terminating,
-//! a kubelet, a kube-system controller or the operator itself. Break glass: delete the
-//! ValidatingWebhookConfiguration (the PodDisruptionBudgets still hold CNs back).
+//! a kubelet, Kubernetes' own pod deleters or the operator itself. Break glass: delete the
+//! ValidatingWebhookConfiguration. The PodDisruptionBudgets then remain, but a CN budget
+//! counts CNs, not which ones: while one CN's drain is confirmed, a budget-only evictor may
+//! take any one CN.
 
 use crate::controller::Context;
 use crate::disruption::{self, Door, Review};
@@ -54,6 +56,23 @@ const CA_RENEW_BEFORE: u64 = 365 * DAY;
 /// Serving certificate lifetime, and how long before its end it is re-issued.
 const SERVING_LIFETIME: u64 = 90 * DAY;
 const SERVING_RENEW_BEFORE: u64 = 30 * DAY;
+
+/// Kubernetes' own deleters of pods that must never wait for us: the garbage collector
+/// (cluster deleted), the pod GC, namespace deletion, and the node lifecycle / taint
+/// eviction (a failed node: involuntary, nothing to drain).
+pub const SYSTEM_EXEMPT: &[&str] = &[
+    "system:kube-controller-manager",
+    "system:serviceaccount:kube-system:generic-garbage-collector",
+    "system:serviceaccount:kube-system:pod-garbage-collector",
+    "system:serviceaccount:kube-system:namespace-controller",
+    "system:serviceaccount:kube-system:node-controller",
+    "system:serviceaccount:kube-system:taint-eviction-controller",
+];
+
+/// A user name that can go into a CEL string literal as is.
+pub fn valid_user_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains(['\'', '\\', '"'])
+}
 
 pub const EVICTION_WEBHOOK: &str = "evictions.ops.matrixorigin.io";
 pub const DELETE_WEBHOOK: &str = "pod-deletes.ops.matrixorigin.io";
@@ -132,11 +151,46 @@ pub struct CaMaterial {
     pub key_pem: String,
     /// Unix seconds.
     pub not_after: u64,
-    /// The CA it replaced, still trusted in the bundle.
+    /// The CA it replaced, still trusted in the bundle (and signing for a while, see
+    /// [`CaMaterial::signer`]).
     pub previous_cert_pem: Option<String>,
+    pub previous_key_pem: Option<String>,
+    pub previous_not_after: Option<u64>,
 }
 
+/// A renewed CA signs serving certificates only this long after its birth: until then the
+/// previous one does, so no replica serves a certificate before the API server's caBundle
+/// (re-read and re-applied within a minute) trusts its CA.
+const NEW_CA_GRACE: u64 = 3600;
+
 impl CaMaterial {
+    fn born(&self) -> u64 {
+        self.not_after.saturating_sub(CA_LIFETIME)
+    }
+
+    /// The CA that signs serving certificates at `now`, and until when it does.
+    pub fn signer(&self, now: u64) -> (CaMaterial, Option<u64>) {
+        let switch = self.born() + NEW_CA_GRACE;
+        match (
+            &self.previous_cert_pem,
+            &self.previous_key_pem,
+            self.previous_not_after,
+        ) {
+            (Some(cert), Some(key), Some(not_after)) if now < switch && not_after > now => (
+                CaMaterial {
+                    cert_pem: cert.clone(),
+                    key_pem: key.clone(),
+                    not_after,
+                    previous_cert_pem: None,
+                    previous_key_pem: None,
+                    previous_not_after: None,
+                },
+                Some(switch),
+            ),
+            _ => (self.clone(), None),
+        }
+    }
+
     /// What the API server trusts: this CA and the previous one.
     pub fn bundle(&self) -> String {
         let mut bundle = self.cert_pem.clone();
@@ -182,6 +236,8 @@ pub fn new_ca(now: u64, previous: Option<&CaMaterial>) -> Result<CaMaterial, rcg
         key_pem: key.serialize_pem(),
         not_after: now + CA_LIFETIME,
         previous_cert_pem: previous.map(|p| p.cert_pem.clone()),
+        previous_key_pem: previous.map(|p| p.key_pem.clone()),
+        previous_not_after: previous.map(|p| p.not_after),
     })
 }
 
@@ -222,6 +278,9 @@ fn ca_from_secret(secret: &Secret) -> Option<CaMaterial> {
         key_pem: secret_field(secret, "ca.key")?,
         not_after: secret_field(secret, "ca.not-after")?.trim().parse().ok()?,
         previous_cert_pem: secret_field(secret, "previous-ca.crt"),
+        previous_key_pem: secret_field(secret, "previous-ca.key"),
+        previous_not_after: secret_field(secret, "previous-ca.not-after")
+            .and_then(|t| t.trim().parse().ok()),
     })
 }
 
@@ -240,11 +299,17 @@ fn secret_of(namespace: &str, name: &str, ca: &CaMaterial) -> Secret {
             ByteString(ca.not_after.to_string().into_bytes()),
         ),
     ]);
-    if let Some(previous) = &ca.previous_cert_pem {
-        data.insert(
-            "previous-ca.crt".into(),
-            ByteString(previous.clone().into_bytes()),
-        );
+    for (key, value) in [
+        ("previous-ca.crt", ca.previous_cert_pem.clone()),
+        ("previous-ca.key", ca.previous_key_pem.clone()),
+        (
+            "previous-ca.not-after",
+            ca.previous_not_after.map(|t| t.to_string()),
+        ),
+    ] {
+        if let Some(value) = value {
+            data.insert(key.into(), ByteString(value.into_bytes()));
+        }
     }
     Secret {
         metadata: kube::api::ObjectMeta {
@@ -324,7 +389,11 @@ fn certified_key(cert_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>, Web
         .map_err(|e| WebhookError::Tls(format!("key PEM: {e}")))?;
     let signing = rustls::crypto::ring::sign::any_supported_type(&key)
         .map_err(|e| WebhookError::Tls(format!("key: {e}")))?;
-    Ok(Arc::new(CertifiedKey::new(certs, signing)))
+    let pair = CertifiedKey::new(certs, signing);
+    // A certificate read with another one's key (files swapped between two reads) is refused.
+    pair.keys_match()
+        .map_err(|e| WebhookError::Tls(format!("certificate and key do not match: {e}")))?;
+    Ok(Arc::new(pair))
 }
 
 /// The serving certificate, swapped in place when it is re-issued.
@@ -348,26 +417,39 @@ struct TlsState {
     cert: Arc<RotatingCert>,
     /// The caBundle to publish (None: injected by cert-manager).
     bundle: RwLock<Option<String>>,
-    /// When the serving certificate must be re-issued (self-managed) or re-read (files).
+    /// What the serving certificate was made from (signer CA or the files' cert + key).
+    source: RwLock<String>,
+    /// When the serving certificate must be re-issued.
     renew_at: RwLock<u64>,
-    fingerprint: RwLock<String>,
+    /// When the CA Secret (or the files) are read again.
+    next_check: RwLock<u64>,
 }
 
+/// How often the CA Secret (or cert-manager's files) are read again.
+const CHECK_EVERY: u64 = 60;
+
+/// The serving material now: (cert, key, bundle, what it was made from, renew at). A
+/// self-managed certificate is issued only when `reissue` says so or its signer changed.
 async fn current_material(
     client: &Client,
     settings: &WebhookSettings,
-) -> Result<(String, String, Option<String>, u64), WebhookError> {
+    previous_source: Option<&str>,
+    reissue: bool,
+) -> Result<Option<(String, String, Option<String>, String, u64)>, WebhookError> {
+    let now = unix_now();
     match &settings.tls {
         TlsSource::SelfManaged { namespace, secret } => {
             let ca = load_or_create_ca(client, namespace, secret).await?;
-            let now = unix_now();
-            let (cert, key, not_after) = issue_serving(&ca, &settings.hosts, now)?;
-            Ok((
-                cert,
-                key,
-                Some(ca.bundle()),
-                not_after.saturating_sub(SERVING_RENEW_BEFORE),
-            ))
+            let (signer, switch_at) = ca.signer(now);
+            let source = format!("{}{}", signer.cert_pem, ca.bundle());
+            if !reissue && previous_source == Some(source.as_str()) {
+                return Ok(None);
+            }
+            let (cert, key, not_after) = issue_serving(&signer, &settings.hosts, now)?;
+            let renew_at = not_after
+                .saturating_sub(SERVING_RENEW_BEFORE)
+                .min(switch_at.unwrap_or(u64::MAX));
+            Ok(Some((cert, key, Some(ca.bundle()), source, renew_at)))
         }
         TlsSource::Files { dir, .. } => {
             let read = |f: &str| {
@@ -377,8 +459,11 @@ async fn current_material(
             let cert = read("tls.crt")?;
             let key = read("tls.key")?;
             let ca = read("ca.crt").ok();
-            // Re-read every minute: cert-manager renews the files in place.
-            Ok((cert, key, ca, unix_now() + 60))
+            let source = format!("{cert}{key}{}", ca.clone().unwrap_or_default());
+            if previous_source == Some(source.as_str()) {
+                return Ok(None);
+            }
+            Ok(Some((cert, key, ca, source, u64::MAX)))
         }
     }
 }
@@ -445,10 +530,13 @@ pub fn configuration(
         });
         if settings.protect_deletes {
             let mut exempt = vec![operator_user.to_string()];
+            exempt.extend(SYSTEM_EXEMPT.iter().map(|u| u.to_string()));
             exempt.extend(settings.exempt_users.iter().cloned());
+            // Names with quotes or backslashes are refused when the flags are read.
             let exempt_list = exempt
                 .iter()
-                .map(|u| format!("'{}'", u.replace('\'', "")))
+                .filter(|u| valid_user_name(u))
+                .map(|u| format!("'{u}'"))
                 .collect::<Vec<_>>()
                 .join(", ");
             webhooks.push(ValidatingWebhook {
@@ -485,9 +573,7 @@ pub fn configuration(
                         name: "not-the-operator-or-the-system".into(),
                         expression: format!(
                             "!(request.userInfo.username in [{exempt_list}]) && \
-                             !request.userInfo.username.startsWith('system:node:') && \
-                             !request.userInfo.username.startsWith('system:serviceaccount:kube-system:') && \
-                             request.userInfo.username != 'system:kube-controller-manager'"
+                             !request.userInfo.username.startsWith('system:node:')"
                         ),
                     },
                 ]),
@@ -534,8 +620,9 @@ impl Webhook {
         settings: WebhookSettings,
         operator_user: String,
     ) -> Result<Arc<Webhook>, WebhookError> {
-        let (cert, key, bundle, renew_at) = current_material(client, &settings).await?;
-        let fingerprint = cert.clone();
+        let (cert, key, bundle, source, renew_at) = current_material(client, &settings, None, true)
+            .await?
+            .expect("issued on request");
         Ok(Arc::new(Webhook {
             settings,
             context: OnceLock::new(),
@@ -543,8 +630,9 @@ impl Webhook {
             tls: TlsState {
                 cert: Arc::new(RotatingCert(RwLock::new(certified_key(&cert, &key)?))),
                 bundle: RwLock::new(bundle),
+                source: RwLock::new(source),
                 renew_at: RwLock::new(renew_at),
-                fingerprint: RwLock::new(fingerprint),
+                next_check: RwLock::new(unix_now() + CHECK_EVERY),
             },
         }))
     }
@@ -565,18 +653,27 @@ impl Webhook {
         Ok(Arc::new(config))
     }
 
-    /// Re-issues (or re-reads) the serving certificate when due; returns whether it changed.
+    /// Every minute: reads the CA Secret (or the files) again and re-issues the serving
+    /// certificate when it is due or its signer changed; returns whether anything changed
+    /// (then the leader applies the caBundle again).
     pub async fn refresh(&self, client: &Client) -> Result<bool, WebhookError> {
-        if unix_now() < *self.tls.renew_at.read().expect("lock") {
+        let now = unix_now();
+        if now < *self.tls.next_check.read().expect("lock") {
             return Ok(false);
         }
-        let (cert, key, bundle, renew_at) = current_material(client, &self.settings).await?;
+        *self.tls.next_check.write().expect("lock") = now + CHECK_EVERY;
+        let reissue = now >= *self.tls.renew_at.read().expect("lock");
+        let source = self.tls.source.read().expect("lock").clone();
+        let Some((cert, key, bundle, source, renew_at)) =
+            current_material(client, &self.settings, Some(&source), reissue).await?
+        else {
+            return Ok(false);
+        };
+        // Checked before anything is swapped: a bad pair keeps the current one in service.
+        let pair = certified_key(&cert, &key)?;
+        self.tls.cert.set(pair);
+        *self.tls.source.write().expect("lock") = source;
         *self.tls.renew_at.write().expect("lock") = renew_at;
-        if *self.tls.fingerprint.read().expect("lock") == cert {
-            return Ok(false);
-        }
-        self.tls.cert.set(certified_key(&cert, &key)?);
-        *self.tls.fingerprint.write().expect("lock") = cert;
         *self.tls.bundle.write().expect("lock") = bundle;
         tracing::info!("webhook serving certificate renewed");
         Ok(true)
@@ -619,10 +716,9 @@ impl Webhook {
 
     /// The leader's context, or the reason this replica cannot answer.
     pub fn context(&self) -> Result<&Arc<Context>, Review> {
-        self.context.get().ok_or(Review {
-            allowed: false,
-            reason: "this operator replica is a standby, not the leader: retry".into(),
-        })
+        self.context.get().ok_or(Review::deny(
+            "this operator replica is a standby, not the leader: retry",
+        ))
     }
 }
 
@@ -669,9 +765,14 @@ fn respond(request: &AdmissionRequest<DynamicObject>, review: Review) -> Admissi
         return response;
     }
     let mut response = response.deny(review.reason);
-    // 429: every evictor (kubectl drain, the autoscalers) retries on it.
-    response.result.code = 429;
-    response.result.reason = "TooManyRequests".into();
+    // 429: every evictor (kubectl drain, the autoscalers) retries on it; 404: nothing to evict.
+    response.result.code = review.code;
+    response.result.reason = if review.code == 404 {
+        "NotFound"
+    } else {
+        "TooManyRequests"
+    }
+    .into();
     response
 }
 
@@ -696,12 +797,10 @@ async fn eviction_handler(
 
 async fn eviction_review(hook: &Webhook, request: &AdmissionRequest<DynamicObject>) -> Review {
     if request.dry_run {
-        return Review {
-            allowed: false,
-            reason: "dry run: a real eviction of a MatrixOne pod is reviewed (and may start a \
-                     drain); nothing was started"
-                .into(),
-        };
+        return Review::deny(
+            "dry run: a real eviction of a MatrixOne pod is reviewed (and may start a drain); \
+             nothing was started",
+        );
     }
     let ctx = match hook.context() {
         Ok(ctx) => ctx,
@@ -716,10 +815,10 @@ async fn eviction_review(hook: &Webhook, request: &AdmissionRequest<DynamicObjec
             .map(str::to_string)
     });
     disruption::review(
-        ctx,
-        &namespace,
-        &request.name,
-        uid.as_deref(),
+        ctx.clone(),
+        namespace,
+        request.name.clone(),
+        uid,
         None,
         Door::Eviction,
     )
@@ -739,15 +838,16 @@ async fn delete_handler(
 }
 
 async fn delete_review(hook: &Webhook, request: &AdmissionRequest<DynamicObject>) -> Review {
-    let allow = |reason: &str| Review {
-        allowed: true,
-        reason: reason.into(),
-    };
+    let allow = |reason: &str| Review::allow(reason);
     if request.operation != Operation::Delete {
         return allow("not a delete");
     }
     let user = request.user_info.username.clone().unwrap_or_default();
-    if user == hook.operator_user || hook.settings.exempt_users.contains(&user) {
+    if user == hook.operator_user
+        || hook.settings.exempt_users.contains(&user)
+        || SYSTEM_EXEMPT.contains(&user.as_str())
+        || user.starts_with("system:node:")
+    {
         return allow("the operator's own (or an exempt) delete");
     }
     let pod: Option<Pod> = request
@@ -756,21 +856,16 @@ async fn delete_review(hook: &Webhook, request: &AdmissionRequest<DynamicObject>
         .and_then(|o| serde_json::to_value(o).ok())
         .and_then(|v| serde_json::from_value(v).ok());
     let Some(pod) = pod else {
-        return Review {
-            allowed: false,
-            reason: "the request carries no pod: retry".into(),
-        };
+        return Review::deny("the request carries no pod: retry");
     };
     if pod.metadata.deletion_timestamp.is_some() {
         return allow("already terminating");
     }
     if request.dry_run {
-        return Review {
-            allowed: false,
-            reason: "dry run: a real delete of a MatrixOne pod is reviewed (and may start a \
-                     drain); nothing was started"
-                .into(),
-        };
+        return Review::deny(
+            "dry run: a real delete of a MatrixOne pod is reviewed (and may start a drain); \
+             nothing was started",
+        );
     }
     let ctx = match hook.context() {
         Ok(ctx) => ctx,
@@ -780,10 +875,10 @@ async fn delete_review(hook: &Webhook, request: &AdmissionRequest<DynamicObject>
     let name = pod.name_any();
     let uid = pod.uid();
     disruption::review(
-        ctx,
-        &namespace,
-        &name,
-        uid.as_deref(),
+        ctx.clone(),
+        namespace,
+        name,
+        uid,
         Some(pod),
         Door::Delete { user },
     )
@@ -844,10 +939,21 @@ mod tests {
                 )
                 .is_err()
         );
-        // A renewed CA keeps the previous one trusted in the bundle.
+        // A renewed CA keeps the previous one trusted in the bundle, and the previous one
+        // signs for an hour more (until every caBundle trusts the new one).
         let renewed = new_ca(now, Some(&ca)).expect("renewed");
         assert!(renewed.bundle().contains(&ca.cert_pem));
         assert!(renewed.bundle().contains(&renewed.cert_pem));
+        let (signer, until) = renewed.signer(now);
+        assert_eq!(signer.cert_pem, ca.cert_pem);
+        assert_eq!(until, Some(now + NEW_CA_GRACE));
+        let (later, none) = renewed.signer(now + NEW_CA_GRACE);
+        assert_eq!(later.cert_pem, renewed.cert_pem);
+        assert_eq!(none, None);
+        issue_serving(&signer, &["x".into()], now).expect("the previous CA still signs");
+        // A certificate with another certificate's key is refused.
+        let (_, other_key, _) = issue_serving(&ca, &["y".into()], now).expect("issued");
+        assert!(certified_key(&cert, &other_key).is_err());
     }
 
     fn settings(protect_deletes: bool) -> WebhookSettings {
@@ -953,13 +1059,7 @@ mod tests {
                 .and_then(|u| u.as_str()),
             Some("u-1")
         );
-        let response = respond(
-            &request,
-            Review {
-                allowed: false,
-                reason: "draining first".into(),
-            },
-        );
+        let response = respond(&request, Review::deny("draining first"));
         let json = serde_json::to_value(response.into_review()).expect("json");
         assert_eq!(json["response"]["allowed"], false);
         assert_eq!(json["response"]["status"]["code"], 429);

@@ -24,11 +24,31 @@ pub struct Args {
     pub interval: Duration,
 }
 
+/// Installs this executable at `path` (mode 0755).
+pub fn install(path: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let me = std::env::current_exe().context("locating this executable")?;
+    std::fs::copy(&me, path).with_context(|| format!("copying to {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("making {} executable", path.display()))?;
+    println!("installed {}", path.display());
+    Ok(())
+}
+
+/// Never returns an error: a hook that fails lets the kubelet stop the CN at once.
 pub async fn run(args: Args) -> Result<()> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .context("building the HTTP client")?;
+    let client = loop {
+        match reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+        {
+            Ok(c) => break c,
+            Err(e) => {
+                eprintln!("{}: waiting: cannot build an HTTP client: {e}", args.pod);
+                tokio::time::sleep(args.interval).await;
+            }
+        }
+    };
     // Several endpoints (comma-separated) are tried in turn: one Service URL in a cluster,
     // each replica's own address elsewhere. Only the leader answers; standbys say so.
     let urls: Vec<String> = args

@@ -160,6 +160,14 @@ impl DataPlane {
         let Some((command, env)) = pre_stop_command(pod) else {
             return PreStop::NoHook;
         };
+        // A hook installed by an init container exists only if the pod has that container
+        // (this kubelet runs no init containers; it checks the pod would have the binary).
+        let installed = !command[0].starts_with(mo_kube::resources::HOOK_DIR)
+            || pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.init_containers.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.name == "install-drain-hook"));
         let grace = grace.unwrap_or(Duration::from_secs(30));
         let mut hooks = self.hooks.lock().expect("hooks lock");
         let run = hooks.entry(uid.to_string()).or_insert_with(|| {
@@ -168,11 +176,18 @@ impl DataPlane {
             } else {
                 command[0].clone().into()
             };
-            let child = std::process::Command::new(program)
-                .args(&command[1..])
-                .envs(env)
-                .stdin(std::process::Stdio::null())
-                .spawn();
+            let child = if installed {
+                std::process::Command::new(program)
+                    .args(&command[1..])
+                    .envs(env)
+                    .stdin(std::process::Stdio::null())
+                    .spawn()
+            } else {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("{} is not installed in the pod", command[0]),
+                ))
+            };
             if let Err(e) = &child {
                 tracing::warn!(pod = %pod.name_any(), error = %e, "preStop hook did not start");
             }

@@ -86,6 +86,8 @@ enum Command {
     Kubelet(kubelet::Args),
     /// preStop hook of CN pods: wait until the operator confirms this instance's drain.
     DrainHook(hook::Args),
+    /// Copy this binary to PATH (the CN pods' init container installs the hook with it).
+    InstallHook { path: std::path::PathBuf },
 }
 
 fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
@@ -117,6 +119,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Run(args) => tokio_runtime()?.block_on(operate::run(*args)),
         Command::Kubelet(args) => tokio_runtime()?.block_on(kubelet::run(args)),
+        Command::InstallHook { path } => hook::install(&path),
         Command::DrainHook(args) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?

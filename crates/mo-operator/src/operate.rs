@@ -46,8 +46,16 @@ pub struct Args {
     pub lease_duration: Duration,
     /// The preStop hook command CN pods run (empty: CN pods get no hook). The binary must be
     /// in the CN image or mounted into it.
-    #[arg(long, value_delimiter = ' ', default_value = "/mo-operator drain-hook")]
+    #[arg(
+        long,
+        value_delimiter = ' ',
+        default_value = "/mo-operator-hook/mo-operator drain-hook"
+    )]
     pub drain_hook_command: Vec<String>,
+    /// The operator's own image: CN pods get an init container that installs the hook binary
+    /// from it (unset: the CN image must carry the hook command).
+    #[arg(long, env = "MO_OPERATOR_IMAGE")]
+    pub drain_hook_image: Option<String>,
     /// The URL CN pods' preStop hook reaches this operator at (its HTTP `--listen` port
     /// through its Service). Unset: no hook.
     #[arg(long, env = "MO_DRAIN_HOOK_ENDPOINT")]
@@ -127,10 +135,10 @@ async fn drain_hook(
         });
     };
     let review = mo_kube::disruption::review(
-        ctx,
-        &request.namespace,
-        &request.pod,
-        Some(&request.uid),
+        ctx.clone(),
+        request.namespace,
+        request.pod,
+        Some(request.uid),
         None,
         Door::PreStop,
     )
@@ -181,6 +189,13 @@ fn webhook_settings(args: &Args) -> Result<WebhookSettings> {
             TlsSource::SelfManaged { namespace, secret }
         }
     };
+    if let Some(bad) = args
+        .delete_exempt_users
+        .iter()
+        .find(|u| !mo_kube::webhook::valid_user_name(u))
+    {
+        anyhow::bail!("--delete-exempt-users: `{bad}` is not a plain user name");
+    }
     Ok(WebhookSettings {
         configuration: args.webhook_configuration.clone(),
         target,
@@ -372,6 +387,7 @@ pub async fn run(args: Args) -> Result<()> {
         (Some(endpoint), false) => Some(DrainHook {
             command: args.drain_hook_command.clone(),
             endpoint: endpoint.clone(),
+            image: args.drain_hook_image.clone(),
         }),
         _ => None,
     };

@@ -271,6 +271,8 @@ impl TestNs {
             format!("{}/mo-operator-webhook-ca", self.ns),
             "--drain-hook-endpoint".into(),
             hook_endpoints,
+            "--drain-hook-image".into(),
+            "mo-operator:e2e".into(),
             format!("--protect-pod-deletes={}", self.protect_deletes),
         ];
         self.spawn(identity, &path, "250ms", &extra)
