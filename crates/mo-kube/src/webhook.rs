@@ -510,14 +510,15 @@ pub fn configuration(
     if !namespaces.is_empty() {
         // The Eviction object carries no pod labels: an object selector cannot scope this
         // one (it would match nothing); the handler lets non-MatrixOne pods through.
-        webhooks.push(ValidatingWebhook {
-            name: EVICTION_WEBHOOK.into(),
-            client_config: client_config(EVICTION_PATH),
+        // Both fail closed, answer in time and start drains only on real requests.
+        let webhook = |name: &str, path: &str, operation: &str, resource: &str| ValidatingWebhook {
+            name: name.into(),
+            client_config: client_config(path),
             rules: Some(vec![RuleWithOperations {
-                operations: Some(vec!["CREATE".into()]),
+                operations: Some(vec![operation.into()]),
                 api_groups: Some(vec!["".into()]),
                 api_versions: Some(vec!["v1".into()]),
-                resources: Some(vec!["pods/eviction".into()]),
+                resources: Some(vec![resource.into()]),
                 scope: Some("Namespaced".into()),
             }]),
             failure_policy: Some("Fail".into()),
@@ -527,7 +528,15 @@ pub fn configuration(
             timeout_seconds: Some(settings.timeout_seconds),
             namespace_selector: Some(namespace_selector.clone()),
             ..ValidatingWebhook::default()
-        });
+        };
+        // The Eviction object carries no pod labels: an object selector cannot scope this
+        // one (it would match nothing); the handler lets non-MatrixOne pods through.
+        webhooks.push(webhook(
+            EVICTION_WEBHOOK,
+            EVICTION_PATH,
+            "CREATE",
+            "pods/eviction",
+        ));
         if settings.protect_deletes {
             let mut exempt = vec![operator_user.to_string()];
             exempt.extend(SYSTEM_EXEMPT.iter().map(|u| u.to_string()));
@@ -540,21 +549,6 @@ pub fn configuration(
                 .collect::<Vec<_>>()
                 .join(", ");
             webhooks.push(ValidatingWebhook {
-                name: DELETE_WEBHOOK.into(),
-                client_config: client_config(DELETE_PATH),
-                rules: Some(vec![RuleWithOperations {
-                    operations: Some(vec!["DELETE".into()]),
-                    api_groups: Some(vec!["".into()]),
-                    api_versions: Some(vec!["v1".into()]),
-                    resources: Some(vec!["pods".into()]),
-                    scope: Some("Namespaced".into()),
-                }]),
-                failure_policy: Some("Fail".into()),
-                match_policy: Some("Equivalent".into()),
-                side_effects: "NoneOnDryRun".into(),
-                admission_review_versions: vec!["v1".into()],
-                timeout_seconds: Some(settings.timeout_seconds),
-                namespace_selector: Some(namespace_selector),
                 object_selector: Some(LabelSelector {
                     match_labels: Some(BTreeMap::from([(
                         LABEL_MANAGED_BY.to_string(),
@@ -577,6 +571,7 @@ pub fn configuration(
                         ),
                     },
                 ]),
+                ..webhook(DELETE_WEBHOOK, DELETE_PATH, "DELETE", "pods")
             });
         }
     }
