@@ -704,8 +704,8 @@ impl Webhook {
     /// The routes of the HTTPS server.
     pub fn router(self: &Arc<Self>) -> Router {
         Router::new()
-            .route(EVICTION_PATH, post(eviction_handler))
-            .route(DELETE_PATH, post(delete_handler))
+            .route(EVICTION_PATH, post(review_handler))
+            .route(DELETE_PATH, post(review_handler))
             .with_state(self.clone())
     }
 
@@ -778,7 +778,8 @@ fn parse(body: AdmissionReview<DynamicObject>) -> Result<AdmissionRequest<Dynami
         .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| e.to_string())
 }
 
-async fn eviction_handler(
+/// Both webhooks: an eviction (`pods/eviction`) or a pod delete, told apart by the request.
+async fn review_handler(
     State(hook): Shared,
     Json(body): Json<AdmissionReview<DynamicObject>>,
 ) -> Json<AdmissionReview<DynamicObject>> {
@@ -786,7 +787,11 @@ async fn eviction_handler(
         Ok(r) => r,
         Err(invalid) => return Json(AdmissionResponse::invalid(invalid).into_review()),
     };
-    let review = eviction_review(&hook, &request).await;
+    let review = if request.sub_resource.as_deref() == Some("eviction") {
+        eviction_review(&hook, &request).await
+    } else {
+        delete_review(&hook, &request).await
+    };
     Json(respond(&request, review).into_review())
 }
 
@@ -818,18 +823,6 @@ async fn eviction_review(hook: &Webhook, request: &AdmissionRequest<DynamicObjec
         Door::Eviction,
     )
     .await
-}
-
-async fn delete_handler(
-    State(hook): Shared,
-    Json(body): Json<AdmissionReview<DynamicObject>>,
-) -> Json<AdmissionReview<DynamicObject>> {
-    let request = match parse(body) {
-        Ok(r) => r,
-        Err(invalid) => return Json(AdmissionResponse::invalid(invalid).into_review()),
-    };
-    let review = delete_review(&hook, &request).await;
-    Json(respond(&request, review).into_review())
 }
 
 async fn delete_review(hook: &Webhook, request: &AdmissionRequest<DynamicObject>) -> Review {

@@ -123,16 +123,21 @@ impl Operator {
         self.child.id()
     }
 
-    pub async fn latency(&self) -> serde_json::Value {
+    /// One of the operator's `/debug/*` JSON endpoints.
+    async fn debug(&self, what: &str) -> serde_json::Value {
         reqwest::get(format!(
-            "http://127.0.0.1:{}/debug/reconcile-latency",
+            "http://127.0.0.1:{}/debug/{what}",
             self.metrics_port
         ))
         .await
-        .expect("latency endpoint")
+        .expect("debug endpoint")
         .json()
         .await
-        .expect("latency json")
+        .expect("debug json")
+    }
+
+    pub async fn latency(&self) -> serde_json::Value {
+        self.debug("reconcile-latency").await
     }
 
     pub fn alive(&mut self) -> bool {
@@ -141,15 +146,7 @@ impl Operator {
 
     /// Webhook / preStop review latency as the operator measured it.
     pub async fn review_latency(&self) -> serde_json::Value {
-        reqwest::get(format!(
-            "http://127.0.0.1:{}/debug/review-latency",
-            self.metrics_port
-        ))
-        .await
-        .expect("latency endpoint")
-        .json()
-        .await
-        .expect("latency json")
+        self.debug("review-latency").await
     }
 
     pub async fn metrics(&self) -> String {
