@@ -6,8 +6,8 @@
 //! operator killed at any point resumes from a record that covers every action it may have
 //! taken; each action is idempotent and guarded by the pod UID it names.
 
-use crate::admin::AdminClient;
 use crate::crd::{FIELD_MANAGER, FINALIZER, MatrixOneCluster, MatrixOneClusterStatus};
+use crate::kernel::KernelClients;
 use crate::metrics::{ActionLabels, ClusterLabels, DrainLabels, Metrics};
 use crate::observation::{self, cluster_pods, component_of};
 use crate::resources::{self, LABEL_CLUSTER, LABEL_PREPULL};
@@ -72,7 +72,7 @@ pub(crate) struct ClusterState {
 
 pub struct Context {
     pub(crate) client: Client,
-    pub(crate) admin: AdminClient,
+    pub(crate) kernel: Arc<KernelClients>,
     pub metrics: Arc<Metrics>,
     recorder: Recorder,
     pub(crate) pods: Store<Pod>,
@@ -132,7 +132,7 @@ impl Context {
     /// [`run`], and the disruption reviews use the same state.
     pub async fn start(
         client: Client,
-        admin: AdminClient,
+        kernel: Arc<KernelClients>,
         metrics: Arc<Metrics>,
         settings: Settings,
     ) -> Arc<Context> {
@@ -154,7 +154,7 @@ impl Context {
         );
         Arc::new(Context {
             client,
-            admin,
+            kernel,
             metrics,
             recorder,
             pods,
@@ -220,6 +220,10 @@ async fn reconcile(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<
 async fn cleanup(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let uid = cluster.uid().ok_or(Error::Incomplete("uid"))?;
     ctx.forget(&uid);
+    ctx.kernel.forget(
+        &cluster.namespace().unwrap_or_default(),
+        &cluster.name_any(),
+    );
     let labels = cluster_labels(&cluster);
     ctx.metrics.rollout_phase.remove(&labels);
     ctx.metrics.rollout_halted.remove(&labels);
@@ -299,7 +303,7 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
     ensure_children(&cluster, &templates, &pods, &mut state, &ctx).await?;
 
     let nodes: Vec<Node> = ctx.nodes.state().iter().map(|n| (**n).clone()).collect();
-    let kernel = ctx.admin.kernel_view(&ns, &name).await;
+    let kernel = ctx.kernel.kernel_view(&ns, &name, &pods).await;
     if kernel.hakeeper.is_err() {
         ctx.metrics
             .kernel_unreachable
@@ -662,7 +666,11 @@ async fn execute(
                 Err(e) => Err(ActionError::Unavailable(format!("pre-pull pod: {e}"))),
             }
         }
-        kernel_call => ctx.admin.call(&ns, &cluster.name_any(), kernel_call).await,
+        kernel_call => {
+            let name = cluster.name_any();
+            let pods = pods_of_cluster(ctx, &ns, &name);
+            ctx.kernel.call(&ns, &name, &pods, kernel_call).await
+        }
     }
 }
 

@@ -272,7 +272,10 @@ async fn review_inner(
     pods.retain(|p| p.metadata.name.as_deref() != Some(name));
     pods.push(pod.clone());
     let nodes: Vec<_> = ctx.nodes.state().iter().map(|n| (**n).clone()).collect();
-    let kernel = ctx.admin.kernel_view(namespace, &cluster_name).await;
+    let kernel = ctx
+        .kernel
+        .kernel_view(namespace, &cluster_name, &pods)
+        .await;
     let obs = observation::build(now_millis(), &cluster, &pods, &nodes, kernel, strategy);
 
     let policy = state.policy.as_mut().expect("checked above");

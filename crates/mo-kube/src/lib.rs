@@ -1,12 +1,12 @@
 //! The Kubernetes side of the MatrixOne operator. The decision core decides; this crate
-//! observes the cluster through the API server and the MatrixOne admin API, persists the
+//! observes the cluster through the API server and the kernel's own RPC (`kernel`), persists the
 //! core's progress record, and carries out its actions.
 
-pub mod admin;
 pub mod cache;
 pub mod controller;
 pub mod crd;
 pub mod disruption;
+pub mod kernel;
 pub mod leader;
 pub mod metrics;
 pub mod observation;

@@ -3,9 +3,13 @@
 //! It plays kubelet (and scheduler) for MatrixOne pods on fake Nodes: binds pending pods, runs
 //! the simulated LOG/TN/CN/Proxy processes behind them ([`mo_sim::attached`]), honours graceful
 //! deletion (the process shuts down in the model's order, then the object is removed), and
-//! reports pod and node status. It also serves the MatrixOne admin API the operator calls.
+//! reports pod and node status. Each pod serves the kernel's RPC on its own loopback address
+//! (its `podIP`, see [`kernel_rpc`]): HAKeeper on LOG pods, the lock allocator on the TN, the
+//! query service on CNs. An HTTP API gives tests the model's report and fault switches.
 //! Simulated time runs `--time-scale` times faster than the wall clock; durations crossing
-//! the admin API are converted to wall-clock time, so the operator sees a consistent world.
+//! to the operator are converted to wall-clock time, so it sees a consistent world.
+
+mod kernel_rpc;
 
 use anyhow::{Context as _, Result};
 use axum::extract::{Path, State};
@@ -38,7 +42,7 @@ pub struct Args {
     /// Simulated seconds per wall-clock second.
     #[arg(long, default_value_t = 20.0)]
     pub time_scale: f64,
-    /// Where the MatrixOne admin API listens.
+    /// Where the test API (model report, faults, lock-table owners) listens.
     #[arg(long, default_value = "127.0.0.1:9400")]
     pub listen: String,
     /// DML clients per cluster.
@@ -80,6 +84,8 @@ struct SimCluster {
     written: BTreeMap<String, serde_json::Value>,
     /// Pods known to the model, by UID → short name.
     bound: BTreeMap<String, String>,
+    /// Each bound pod's address and kernel RPC server, by UID.
+    servers: BTreeMap<String, kernel_rpc::PodServer>,
 }
 
 impl SimCluster {
@@ -100,6 +106,11 @@ pub struct DataPlane {
     args: Args,
     /// preStop hooks running or finished, by pod UID.
     hooks: Mutex<BTreeMap<String, HookRun>>,
+    /// HAKeeper's ticks count from here.
+    started: Instant,
+    /// The next pod address: 127.a.b.c, from a random /16 so that two data planes on one
+    /// machine rarely meet (a taken address is skipped anyway).
+    next_ip: std::sync::atomic::AtomicU32,
 }
 
 struct HookRun {
@@ -233,6 +244,26 @@ impl DataPlane {
         {
             let _ = c.kill();
             let _ = c.wait();
+        }
+    }
+
+    fn next_pod_ip(&self) -> std::net::Ipv4Addr {
+        loop {
+            let n = self
+                .next_ip
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let ip = std::net::Ipv4Addr::from(n);
+            // Stay inside 127/8 and skip .0 and .255 host bytes.
+            let [a, _, _, d] = ip.octets();
+            if a == 127 && d != 0 && d != 255 {
+                return ip;
+            }
+            if a != 127 {
+                self.next_ip.store(
+                    u32::from(std::net::Ipv4Addr::new(127, 16, 0, 1)),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+            }
         }
     }
 
@@ -421,20 +452,19 @@ pub async fn run(args: Args) -> Result<()> {
         clusters: Mutex::new(BTreeMap::new()),
         args: args.clone(),
         hooks: Mutex::new(BTreeMap::new()),
+        started: Instant::now(),
+        next_ip: std::sync::atomic::AtomicU32::new(u32::from(std::net::Ipv4Addr::new(
+            127,
+            16 + (std::process::id() % 200) as u8,
+            (Instant::now().elapsed().subsec_nanos() % 256) as u8,
+            1,
+        ))),
     });
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
-    tracing::info!(listen = %args.listen, time_scale = args.time_scale, "simulated data plane serving the admin API");
+    tracing::info!(listen = %args.listen, time_scale = args.time_scale, "simulated data plane serving its test API");
     let app = Router::new()
-        .route(
-            "/v1/namespaces/{ns}/clusters/{name}/kernel",
-            get(kernel_handler),
-        )
-        .route(
-            "/v1/namespaces/{ns}/clusters/{name}/calls",
-            post(call_handler),
-        )
         .route(
             "/v1/namespaces/{ns}/clusters/{name}/report",
             get(report_handler),
@@ -450,7 +480,7 @@ pub async fn run(args: Args) -> Result<()> {
         .with_state(plane.clone());
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "admin API stopped");
+            tracing::error!(error = %e, "test API stopped");
         }
     });
 
@@ -534,7 +564,7 @@ fn short_name<'a>(key: &Key, pod: &'a str) -> Option<&'a str> {
 
 #[allow(clippy::too_many_arguments)]
 async fn tick(
-    plane: &DataPlane,
+    plane: &Arc<DataPlane>,
     client: &Client,
     clusters: &Store<MatrixOneCluster>,
     pods: &Store<Pod>,
@@ -579,6 +609,7 @@ async fn tick(
                 uuid_to_kube: BTreeMap::new(),
                 written: BTreeMap::new(),
                 bound: BTreeMap::new(),
+                servers: BTreeMap::new(),
             };
             for short in scenario.cn_pod_names() {
                 sim.learn_cn(key, &short);
@@ -695,15 +726,24 @@ async fn tick(
                     ) {
                         Ok(()) => {
                             sim.bound.insert(uid.clone(), short.clone());
-                            if pod
+                            let role = pod
                                 .metadata
                                 .labels
                                 .as_ref()
                                 .and_then(|l| l.get(mo_kube::resources::LABEL_COMPONENT))
-                                .map(String::as_str)
-                                == Some("cn")
-                            {
+                                .and_then(|c| kernel_rpc::Role::of(c));
+                            if role == Some(kernel_rpc::Role::Cn) {
                                 sim.learn_cn(key, &short);
+                            }
+                            if let Some(role) = role {
+                                match kernel_rpc::start(plane, key, &uid, &name, role) {
+                                    Ok(server) => {
+                                        sim.servers.insert(uid.clone(), server);
+                                    }
+                                    Err(e) => {
+                                        tracing::warn!(pod = %name, error = %e, "no kernel RPC for this pod")
+                                    }
+                                }
                             }
                         }
                         Err(e) => {
@@ -746,6 +786,7 @@ async fn tick(
                 plane.forget_hook(&uid);
                 sim.model.pod_vanished(&short, &uid);
                 sim.bound.remove(&uid);
+                sim.servers.remove(&uid);
                 sim.written.remove(&uid);
             }
             plane.advance(sim);
@@ -769,7 +810,8 @@ async fn tick(
                     removals.push((key.0.clone(), name, report.uid.clone()));
                     continue;
                 }
-                let status = pod_status(&report, &image);
+                let ip = sim.servers.get(&report.uid).map(|s| s.ip);
+                let status = pod_status(&report, &image, ip);
                 if sim.written.get(&report.uid) != Some(&status) {
                     sim.written.insert(report.uid.clone(), status.clone());
                     writes.push((key.0.clone(), name, json!({"status": status})));
@@ -833,6 +875,7 @@ async fn tick(
                         plane.forget_hook(&uid);
                         sim.model.pod_removed(&short, &uid);
                         sim.written.remove(&uid);
+                        sim.servers.remove(&uid);
                     }
                 }
             }
@@ -876,15 +919,22 @@ async fn tick(
     Ok(())
 }
 
-fn pod_status(report: &mo_sim::attached::PodReport, image: &str) -> serde_json::Value {
+fn pod_status(
+    report: &mo_sim::attached::PodReport,
+    image: &str,
+    ip: Option<std::net::Ipv4Addr>,
+) -> serde_json::Value {
     let ready = if report.ready { "True" } else { "False" };
     let state = if report.running {
         json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}})
     } else {
         json!({"waiting": {"reason": if report.started { "CrashLoopBackOff" } else { "ContainerCreating" }}})
     };
+    let ip = ip.map(|ip| ip.to_string());
     json!({
         "phase": if report.started { "Running" } else { "Pending" },
+        "podIP": ip,
+        "podIPs": ip.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>(),
         "conditions": [
             {"type": "PodScheduled", "status": "True"},
             {"type": "Ready", "status": ready},
@@ -913,25 +963,6 @@ fn with_cluster<T>(
     let key = (ns, name);
     let mut sims = plane.clusters.lock().expect("clusters lock");
     sims.get_mut(&key).map(|sim| f(&key, sim))
-}
-
-async fn kernel_handler(
-    State(plane): Shared,
-    Path((ns, name)): Path<(String, String)>,
-) -> Result<Json<KernelView>, StatusCode> {
-    with_cluster(&plane, ns, name, |key, sim| plane.kernel_view(key, sim))
-        .map(Json)
-        .ok_or(StatusCode::NOT_FOUND)
-}
-
-async fn call_handler(
-    State(plane): Shared,
-    Path((ns, name)): Path<(String, String)>,
-    Json(action): Json<Action>,
-) -> Result<Json<Result<ActionOutput, ActionError>>, StatusCode> {
-    with_cluster(&plane, ns, name, |key, sim| plane.call(key, sim, action))
-        .map(Json)
-        .ok_or(StatusCode::NOT_FOUND)
 }
 
 async fn report_handler(

@@ -5,9 +5,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use mo_kube::admin::AdminClient;
 use mo_kube::controller::{self, Context, Settings};
 use mo_kube::disruption::Door;
+use mo_kube::kernel::{KernelClients, KernelSettings};
 use mo_kube::leader::{LeaderElector, LeaseConfig};
 use mo_kube::metrics::Metrics;
 use mo_kube::resources::DrainHook;
@@ -18,12 +18,20 @@ use std::time::Duration;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// Base URL of the MatrixOne admin API (the simulated data plane serves one).
-    #[arg(long, env = "MO_ADMIN_ENDPOINT")]
-    pub admin_endpoint: String,
-    /// Timeout of each admin API request; a timeout is uncertainty (the pod stays protected).
+    /// Timeout of each RPC to the kernel (HAKeeper, the TN lock allocator, CN query
+    /// services); it is also the deadline sent with the request. A timeout is uncertainty:
+    /// the pod stays protected.
     #[arg(long, default_value = "2s", value_parser = duration)]
-    pub admin_timeout: Duration,
+    pub kernel_timeout: Duration,
+    /// The log service's RPC port on LOG pods: HAKeeper is looked for at `podIP:port` of
+    /// each LOG pod of the cluster.
+    #[arg(long, default_value_t = mo_kube::kernel::DEFAULT_HAKEEPER_PORT)]
+    pub hakeeper_port: u16,
+    /// Ask this address for the HAKeeper's replicas instead of probing the LOG pods
+    /// (`{cluster}` and `{namespace}` are replaced), e.g.
+    /// `{cluster}-log-discovery.{namespace}.svc:32001`.
+    #[arg(long)]
+    pub hakeeper_discovery_address: Option<String>,
     /// How often each cluster is observed and decided on.
     #[arg(long, default_value = "1s", value_parser = duration)]
     pub tick: Duration,
@@ -378,8 +386,11 @@ pub async fn run(args: Args) -> Result<()> {
     );
     elector.acquire().await;
     metrics.leader.set(1);
-    let admin = AdminClient::new(&args.admin_endpoint, args.admin_timeout)
-        .context("building the admin API client")?;
+    let kernel = Arc::new(KernelClients::new(KernelSettings {
+        timeout: args.kernel_timeout,
+        hakeeper_port: args.hakeeper_port,
+        discovery_address: args.hakeeper_discovery_address.clone(),
+    }));
     let drain_hook = match (
         &args.drain_hook_endpoint,
         args.drain_hook_command.is_empty(),
@@ -398,7 +409,7 @@ pub async fn run(args: Args) -> Result<()> {
         namespace: args.watch_namespace.clone(),
         drain_hook,
     };
-    let context = Context::start(client, admin, metrics.clone(), settings).await;
+    let context = Context::start(client, kernel, metrics.clone(), settings).await;
     let _ = health.context.set(context.clone());
     if let Some(webhook) = &webhook {
         webhook.lead(context.clone());

@@ -305,8 +305,6 @@ impl TestNs {
         command
             .args([
                 "run",
-                "--admin-endpoint",
-                &self.shared.admin,
                 "--tick",
                 tick,
                 "--listen",

@@ -1,0 +1,805 @@
+//! The operator's MatrixOne adapter: one reading of the kernel per tick, and the kernel calls
+//! the decision core asks for, over the kernel's own RPC protocol ([`mo_rpc`]).
+//!
+//! - HAKeeper: the cluster's LOG pods are its candidates (`podIP:port`, each asked
+//!   `CHECK_HAKEEPER`), or a discovery address when one is configured. `GET_CLUSTER_STATE`
+//!   gives every store with its last heartbeat tick.
+//! - The TN lock-table allocator at the TN's registered `LockServiceAddress`.
+//! - Each CN's query service at its registered `QueryAddress`.
+//!
+//! Every failure stays typed: a timeout, an unreachable service, "does not exist" and an
+//! unsupported method become distinct [`ObservationError`] / [`ActionError`] values, which
+//! the core treats as uncertainty, never as an answer.
+
+use crate::observation::{cluster_pods, component_of};
+use k8s_openapi::api::core::v1::Pod;
+use mo_core::component::cn_uuid;
+use mo_core::{
+    Action, ActionError, ActionOutput, AllocatorView, ClusterDetails, CnActivity, CnStoreView,
+    Component, DrainAnswer, KernelView, LogReplicaView, LogShardView, Millis, ObservationError,
+    RestartAnswer, TnStoreView, WorkState,
+};
+use mo_rpc::pb::{lock, logservice, metadata};
+use mo_rpc::{
+    Discovery, ErrorKind, HaKeeperClient, LockAllocatorClient, Options, QueryClient, RpcError,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// HAKeeper ticks ten times a second (`hakeeper.DefaultTickPerSecond`).
+pub const HAKEEPER_TICK: Millis = Millis(100);
+/// Default RPC port of the log service (HAKeeper), as the kernel configures it.
+pub const DEFAULT_HAKEEPER_PORT: u16 = 32001;
+/// A TN reports no start time to HAKeeper. A kernel that does (the simulated one) puts it in
+/// this config item of its heartbeat; without it, the TN pod's UID stands for the instance.
+pub const TN_START_EPOCH_ITEM: &str = "mo-operator.start-epoch";
+
+#[derive(Clone, Debug)]
+pub struct KernelSettings {
+    /// Bounds each RPC (and is the deadline sent with it).
+    pub timeout: Duration,
+    /// The log service RPC port on LOG pods.
+    pub hakeeper_port: u16,
+    /// A discovery address instead of the LOG pods' addresses; `{cluster}` and `{namespace}`
+    /// are replaced (e.g. `{cluster}-log-discovery.{namespace}.svc:32001`).
+    pub discovery_address: Option<String>,
+}
+
+impl Default for KernelSettings {
+    fn default() -> KernelSettings {
+        KernelSettings {
+            timeout: Duration::from_secs(2),
+            hakeeper_port: DEFAULT_HAKEEPER_PORT,
+            discovery_address: None,
+        }
+    }
+}
+
+/// A cluster: (namespace, name).
+type ClusterKey = (String, String);
+
+/// Clients kept between ticks, so that connections are reused.
+pub struct KernelClients {
+    settings: KernelSettings,
+    /// Per cluster: how its HAKeeper is found, and the client found with it.
+    hakeepers: Mutex<HashMap<ClusterKey, (Discovery, Arc<HaKeeperClient>)>>,
+    allocators: Mutex<HashMap<String, Arc<LockAllocatorClient>>>,
+    queries: Mutex<HashMap<String, Arc<QueryClient>>>,
+    /// The TN's lock-service address per cluster, as last read from HAKeeper.
+    allocator_of: Mutex<HashMap<ClusterKey, String>>,
+}
+
+fn observation_error(e: &RpcError) -> ObservationError {
+    match e.kind() {
+        ErrorKind::DoesNotExist => ObservationError::DoesNotExist(e.to_string()),
+        ErrorKind::Timeout => ObservationError::Timeout(e.to_string()),
+        ErrorKind::Unsupported | ErrorKind::Unavailable => {
+            ObservationError::Unavailable(e.to_string())
+        }
+    }
+}
+
+fn action_error(e: &RpcError) -> ActionError {
+    match e.kind() {
+        ErrorKind::DoesNotExist => ActionError::DoesNotExist(e.to_string()),
+        // The call may or may not have happened: the core re-checks before relying on it.
+        ErrorKind::Timeout => ActionError::Timeout(e.to_string()),
+        ErrorKind::Unsupported => ActionError::Unsupported(e.to_string()),
+        ErrorKind::Unavailable => ActionError::Unavailable(e.to_string()),
+    }
+}
+
+fn pod_ip(pod: &Pod) -> Option<&str> {
+    pod.status
+        .as_ref()?
+        .pod_ip
+        .as_deref()
+        .filter(|ip| !ip.is_empty())
+}
+
+fn pod_name(pod: &Pod) -> &str {
+    pod.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// `host:port` → host (IPv6 literals in brackets too).
+fn host_of(address: &str) -> &str {
+    let host = address.rsplit_once(':').map_or(address, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// The pod a store runs in: by name (the simulated kernel and the usual configuration use
+/// the pod name as the store UUID), else by the IP its address names.
+fn pod_of_store<'a>(pods: &[&'a Pod], uuid: &str, address: &str) -> Option<&'a Pod> {
+    pods.iter()
+        .find(|p| pod_name(p) == uuid)
+        .or_else(|| {
+            let host = host_of(address);
+            pods.iter().find(|p| {
+                pod_ip(p) == Some(host) || pod_name(p) == host.split('.').next().unwrap_or("")
+            })
+        })
+        .copied()
+}
+
+fn work_state(state: i32) -> WorkState {
+    match metadata::WorkState::try_from(state) {
+        Ok(metadata::WorkState::Working) => WorkState::Working,
+        Ok(metadata::WorkState::Draining) => WorkState::Draining,
+        Ok(metadata::WorkState::Drained) => WorkState::Drained,
+        _ => WorkState::Unknown,
+    }
+}
+
+pub fn kernel_work_state(state: WorkState) -> metadata::WorkState {
+    match state {
+        WorkState::Unknown => metadata::WorkState::Unknown,
+        WorkState::Working => metadata::WorkState::Working,
+        WorkState::Draining => metadata::WorkState::Draining,
+        WorkState::Drained => metadata::WorkState::Drained,
+    }
+}
+
+/// A stable number standing for a pod instance (its UID), when the kernel reports none.
+fn epoch_of_uid(uid: &str) -> u64 {
+    // FNV-1a: stable across processes and versions, unlike the std hasher.
+    uid.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// HAKeeper's checker state as the core's [`ClusterDetails`]: heartbeat ages from ticks,
+/// stores mapped to the pods they run in. Pure, so the mapping is tested without a kernel.
+pub fn cluster_details(state: &logservice::CheckerState, pods: &[&Pod]) -> ClusterDetails {
+    let age = |tick: u64| Millis(state.tick.saturating_sub(tick) * HAKEEPER_TICK.0);
+    let empty = logservice::CnState::default();
+    let cns = state
+        .cn_state
+        .as_ref()
+        .unwrap_or(&empty)
+        .stores
+        .iter()
+        .map(|(uuid, info)| CnStoreView {
+            uuid: uuid.clone(),
+            start_epoch: info.up_time as u64,
+            work_state: work_state(info.work_state),
+            heartbeat_age: age(info.tick),
+            version: info.commit_id.clone(),
+        })
+        .collect();
+    let tn_pods: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| component_of(p) == Some(Component::Tn))
+        .copied()
+        .collect();
+    let tns = state
+        .tn_state
+        .as_ref()
+        .map(|s| s.stores.iter().collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(uuid, info)| {
+            let reported = info
+                .config_data
+                .as_ref()
+                .and_then(|c| c.content.get(TN_START_EPOCH_ITEM))
+                .and_then(|item| item.current_value.parse().ok());
+            let start_epoch = reported.unwrap_or_else(|| {
+                pod_of_store(&tn_pods, uuid, &info.service_address)
+                    .or(tn_pods.first().copied())
+                    .and_then(|p| p.metadata.uid.as_deref())
+                    .map_or(0, epoch_of_uid)
+            });
+            TnStoreView {
+                uuid: uuid.clone(),
+                start_epoch,
+                heartbeat_age: age(info.tick),
+            }
+        })
+        .collect();
+    let log_pods: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| component_of(p) == Some(Component::Log))
+        .copied()
+        .collect();
+    let log_state = state.log_state.clone().unwrap_or_default();
+    let store_name = |uuid: &str| -> String {
+        let address = log_state
+            .stores
+            .get(uuid)
+            .map(|s| s.service_address.as_str())
+            .unwrap_or("");
+        pod_of_store(&log_pods, uuid, address)
+            .map_or_else(|| uuid.to_string(), |p| pod_name(p).to_string())
+    };
+    let log_shards = log_state
+        .shards
+        .values()
+        .map(|shard| {
+            let replicas = shard
+                .replicas
+                .iter()
+                .map(|(replica_id, store_uuid)| {
+                    let store = log_state.stores.get(store_uuid);
+                    let fresh =
+                        store.is_some_and(|s| age(s.tick) <= mo_core::gates::HEARTBEAT_FRESH);
+                    // The store's own report of this replica: it runs it, and it follows the
+                    // shard's current leader in the current term (the nearest HAKeeper has
+                    // to "caught up").
+                    let own = store.and_then(|s| {
+                        s.replicas.iter().find(|r| {
+                            r.replica_id == *replica_id
+                                && r.log_shard_info
+                                    .as_ref()
+                                    .is_some_and(|i| i.shard_id == shard.shard_id)
+                        })
+                    });
+                    let up = fresh && own.is_some();
+                    let caught_up = up
+                        && shard.leader_id != 0
+                        && own
+                            .and_then(|r| r.log_shard_info.as_ref())
+                            .is_some_and(|i| {
+                                i.term == shard.term && i.leader_id == shard.leader_id
+                            });
+                    LogReplicaView {
+                        store: store_name(store_uuid),
+                        up,
+                        caught_up,
+                    }
+                })
+                .collect();
+            LogShardView {
+                shard_id: shard.shard_id,
+                leader: shard
+                    .replicas
+                    .get(&shard.leader_id)
+                    .map(|store| store_name(store)),
+                term: shard.term,
+                replicas,
+            }
+        })
+        .collect();
+    ClusterDetails {
+        cns,
+        tns,
+        log_shards,
+    }
+}
+
+/// Per proxy pod: how many Working, heartbeating CNs it can route to, if the proxy itself
+/// heartbeats to HAKeeper.
+pub fn proxy_routes(
+    state: &logservice::CheckerState,
+    details: &ClusterDetails,
+    pods: &[&Pod],
+) -> BTreeMap<String, Result<u32, ObservationError>> {
+    let routable = details
+        .cns
+        .iter()
+        .filter(|c| {
+            c.work_state == WorkState::Working && c.heartbeat_age <= mo_core::gates::HEARTBEAT_FRESH
+        })
+        .count() as u32;
+    let proxies = state.proxy_state.clone().unwrap_or_default().stores;
+    pods.iter()
+        .filter(|p| component_of(p) == Some(Component::Proxy))
+        .map(|pod| {
+            let name = pod_name(pod);
+            let store = proxies.iter().find(|(uuid, s)| {
+                uuid.as_str() == name
+                    || pod_ip(pod).is_some_and(|ip| host_of(&s.listen_address) == ip)
+            });
+            let answer = match store {
+                Some((_, s))
+                    if Millis(state.tick.saturating_sub(s.tick) * HAKEEPER_TICK.0)
+                        <= mo_core::gates::HEARTBEAT_FRESH =>
+                {
+                    Ok(routable)
+                }
+                Some(_) => Err(ObservationError::Unavailable(format!(
+                    "proxy {name} is not heartbeating to HAKeeper"
+                ))),
+                None => Err(ObservationError::Unavailable(format!(
+                    "proxy {name} is not registered with HAKeeper"
+                ))),
+            };
+            (name.to_string(), answer)
+        })
+        .collect()
+}
+
+impl KernelClients {
+    pub fn new(settings: KernelSettings) -> KernelClients {
+        KernelClients {
+            settings,
+            hakeepers: Mutex::default(),
+            allocators: Mutex::default(),
+            queries: Mutex::default(),
+            allocator_of: Mutex::default(),
+        }
+    }
+
+    fn options(&self) -> Options {
+        Options {
+            timeout: self.settings.timeout,
+            ..Options::default()
+        }
+    }
+
+    fn hakeeper(
+        &self,
+        namespace: &str,
+        cluster: &str,
+        pods: &[&Pod],
+    ) -> Result<Arc<HaKeeperClient>, ObservationError> {
+        let discovery = match &self.settings.discovery_address {
+            Some(template) => Discovery::DiscoveryAddress(
+                template
+                    .replace("{cluster}", cluster)
+                    .replace("{namespace}", namespace),
+            ),
+            None => {
+                let mut addresses: Vec<String> = pods
+                    .iter()
+                    .filter(|p| component_of(p) == Some(Component::Log))
+                    .filter_map(|p| pod_ip(p))
+                    .map(|ip| {
+                        if ip.contains(':') {
+                            format!("[{ip}]:{}", self.settings.hakeeper_port)
+                        } else {
+                            format!("{ip}:{}", self.settings.hakeeper_port)
+                        }
+                    })
+                    .collect();
+                addresses.sort();
+                if addresses.is_empty() {
+                    return Err(ObservationError::Unavailable(
+                        "no LOG pod has an address yet".into(),
+                    ));
+                }
+                Discovery::Addresses(addresses)
+            }
+        };
+        let key = (namespace.to_string(), cluster.to_string());
+        let mut clients = self.hakeepers.lock().expect("hakeepers lock");
+        match clients.get(&key) {
+            Some((known, client)) if *known == discovery => Ok(client.clone()),
+            _ => {
+                let client = Arc::new(HaKeeperClient::new(discovery.clone(), self.options()));
+                clients.insert(key, (discovery, client.clone()));
+                Ok(client)
+            }
+        }
+    }
+
+    fn allocator(&self, address: &str) -> Arc<LockAllocatorClient> {
+        self.allocators
+            .lock()
+            .expect("allocators lock")
+            .entry(address.to_string())
+            .or_insert_with(|| Arc::new(LockAllocatorClient::new(address, self.options())))
+            .clone()
+    }
+
+    fn query(&self, address: &str) -> Arc<QueryClient> {
+        self.queries
+            .lock()
+            .expect("queries lock")
+            .entry(address.to_string())
+            .or_insert_with(|| Arc::new(QueryClient::new(address, self.options())))
+            .clone()
+    }
+
+    /// Forgets a removed cluster's clients.
+    pub fn forget(&self, namespace: &str, cluster: &str) {
+        let key = (namespace.to_string(), cluster.to_string());
+        self.hakeepers.lock().expect("hakeepers lock").remove(&key);
+        self.allocator_of
+            .lock()
+            .expect("allocator lock")
+            .remove(&key);
+    }
+
+    /// The kernel's state as far as it answers. `pods` are the cluster's pods (their IPs are
+    /// where LOG stores are reached).
+    pub async fn kernel_view(&self, namespace: &str, cluster: &str, pods: &[Pod]) -> KernelView {
+        let pods: Vec<&Pod> = cluster_pods(cluster, pods).collect();
+        let hakeeper = match self.hakeeper(namespace, cluster, &pods) {
+            Ok(h) => h,
+            Err(e) => return KernelView::unreachable(e),
+        };
+        let state = match hakeeper.get_cluster_state().await {
+            Ok(s) => s,
+            Err(e) => return KernelView::unreachable(observation_error(&e)),
+        };
+        let details = cluster_details(&state, &pods);
+        let proxy_routes = proxy_routes(&state, &details, &pods);
+
+        // The allocator runs on the (first heartbeating) TN.
+        let tn_address = state
+            .tn_state
+            .as_ref()
+            .and_then(|s| {
+                s.stores
+                    .values()
+                    .filter(|t| !t.lock_service_address.is_empty())
+                    .max_by_key(|t| t.tick)
+            })
+            .map(|t| t.lock_service_address.clone());
+        if let Some(address) = &tn_address {
+            self.allocator_of
+                .lock()
+                .expect("allocator lock")
+                .insert((namespace.into(), cluster.into()), address.clone());
+        }
+        let draining: Vec<String> = details
+            .cns
+            .iter()
+            .filter(|c| matches!(c.work_state, WorkState::Draining | WorkState::Drained))
+            .map(|c| c.uuid.clone())
+            .collect();
+        let cn_addresses: Vec<(String, String)> = {
+            let by_uuid: BTreeMap<String, &str> = state
+                .cn_state
+                .as_ref()
+                .map(|s| {
+                    s.stores
+                        .iter()
+                        .map(|(u, i)| (u.clone(), i.query_address.as_str()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            pods.iter()
+                .filter(|p| component_of(p) == Some(Component::Cn))
+                .filter_map(|p| {
+                    let address = by_uuid.get(&cn_uuid(pod_name(p)))?;
+                    (!address.is_empty()).then(|| (pod_name(p).to_string(), address.to_string()))
+                })
+                .collect()
+        };
+        let (lock_allocator, cn_activity, tn_wal_tolerance) = futures::join!(
+            self.allocator_view(tn_address.as_deref(), &draining),
+            self.cn_activity(&cn_addresses),
+            hakeeper.get_tn_wal_tolerance(),
+        );
+        KernelView {
+            hakeeper: Ok(details),
+            lock_allocator,
+            cn_activity,
+            proxy_routes,
+            // Not offered (a kernel without the extension) or not readable: the default.
+            tn_wal_tolerance: tn_wal_tolerance.ok().flatten().map(Millis),
+        }
+    }
+
+    async fn allocator_view(
+        &self,
+        address: Option<&str>,
+        draining: &[String],
+    ) -> Result<AllocatorView, ObservationError> {
+        let address = address.ok_or_else(|| {
+            ObservationError::Unavailable("no TN has registered a lock service address".into())
+        })?;
+        let allocator = self.allocator(address);
+        let (drain_protocol, drains) = match allocator.list_drains().await {
+            Ok(list) => (
+                true,
+                list.into_iter()
+                    .map(|d| {
+                        let answer = match d.status {
+                            lock::DrainStatus::DrainPending => DrainAnswer::Pending {
+                                remaining_txns: d.remaining_txns,
+                            },
+                            lock::DrainStatus::DrainDone => DrainAnswer::Done,
+                            lock::DrainStatus::DrainCancelled => DrainAnswer::Cancelled,
+                            lock::DrainStatus::DrainInstanceGone => DrainAnswer::InstanceGone,
+                        };
+                        (d.id, answer)
+                    })
+                    .collect(),
+            ),
+            Err(e) if e.kind() == ErrorKind::Unsupported => (false, BTreeMap::new()),
+            Err(e) => return Err(observation_error(&e)),
+        };
+        // Today's handshake, for the CNs HAKeeper shows draining. (The kernel answers "can
+        // restart" for a service it does not know: the core counts an answer only after its
+        // own acknowledged SetRestartService.)
+        let answers = futures::future::join_all(draining.iter().map(|uuid| {
+            let allocator = allocator.clone();
+            async move {
+                let (can, remain) = futures::join!(
+                    allocator.can_restart_service(uuid),
+                    allocator.remain_txn_in_service(uuid)
+                );
+                (uuid.clone(), can, remain)
+            }
+        }))
+        .await;
+        let mut restarting = BTreeMap::new();
+        for (uuid, can, remain) in answers {
+            let can_restart = can.map_err(|e| observation_error(&e))?;
+            let remaining_txns = i64::from(remain.map_err(|e| observation_error(&e))?);
+            restarting.insert(
+                uuid,
+                RestartAnswer {
+                    can_restart,
+                    remaining_txns,
+                },
+            );
+        }
+        Ok(AllocatorView {
+            restarting,
+            drain_protocol,
+            drains,
+        })
+    }
+
+    async fn cn_activity(
+        &self,
+        cns: &[(String, String)],
+    ) -> BTreeMap<String, Result<CnActivity, ObservationError>> {
+        futures::future::join_all(cns.iter().map(|(pod, address)| {
+            let query = self.query(address);
+            async move {
+                let (sessions, pipelines, replicas) = futures::join!(
+                    query.show_process_list(),
+                    query.get_pipeline_info(),
+                    query.get_replica_count()
+                );
+                let activity = (|| {
+                    Ok(CnActivity {
+                        sessions: sessions?.len() as u32,
+                        pipelines: pipelines?.max(0) as u32,
+                        replicas: replicas?.max(0) as u32,
+                    })
+                })()
+                .map_err(|e: RpcError| observation_error(&e));
+                (pod.clone(), activity)
+            }
+        }))
+        .await
+        .into_iter()
+        .collect()
+    }
+
+    /// A kernel call the core asked for.
+    pub async fn call(
+        &self,
+        namespace: &str,
+        cluster: &str,
+        pods: &[Pod],
+        action: &Action,
+    ) -> Result<ActionOutput, ActionError> {
+        let pods: Vec<&Pod> = cluster_pods(cluster, pods).collect();
+        let hakeeper = || {
+            self.hakeeper(namespace, cluster, &pods)
+                .map_err(|e| ActionError::Unavailable(e.to_string()))
+        };
+        let allocator = || {
+            self.allocator_of
+                .lock()
+                .expect("allocator lock")
+                .get(&(namespace.to_string(), cluster.to_string()))
+                .map(|a| self.allocator(a))
+                .ok_or_else(|| {
+                    ActionError::Unavailable("the TN's lock service address is not known".into())
+                })
+        };
+        let done =
+            |r: Result<(), RpcError>| r.map(|_| ActionOutput::Done).map_err(|e| action_error(&e));
+        match action {
+            Action::SetCnWorkState { uuid, state } => done(
+                hakeeper()?
+                    .update_cn_work_state(uuid, kernel_work_state(*state))
+                    .await,
+            ),
+            Action::DeleteCnStore { uuid } => done(hakeeper()?.delete_cn_store(uuid).await),
+            Action::TransferLogLeader { shard_id, to_store } => {
+                done(hakeeper()?.transfer_leader(*shard_id, to_store).await)
+            }
+            Action::SetTnWalTolerance { total } => {
+                done(hakeeper()?.set_tn_wal_tolerance(total.map(|t| t.0)).await)
+            }
+            Action::SetRestartService { uuid } => {
+                match allocator()?.set_restart_service(uuid).await {
+                    Ok(true) => Ok(ActionOutput::Done),
+                    Ok(false) => Err(ActionError::Unavailable(
+                        "the lock allocator refused SetRestartService".into(),
+                    )),
+                    Err(e) => Err(action_error(&e)),
+                }
+            }
+            Action::BeginDrain { uuid, start_epoch } => allocator()?
+                .begin_drain(uuid, *start_epoch)
+                .await
+                .map(|drain_id| ActionOutput::DrainId { drain_id })
+                .map_err(|e| action_error(&e)),
+            Action::CancelDrain { drain_id } => done(allocator()?.cancel_drain(*drain_id).await),
+            Action::DeletePod { .. } | Action::RestartPod { .. } | Action::PrePullImage { .. } => {
+                Err(ActionError::Unsupported(
+                    "a Kubernetes action, not a kernel call".into(),
+                ))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, component: &str, ip: &str, uid: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "uid": uid, "labels": {
+                crate::resources::LABEL_CLUSTER: "mo", crate::resources::LABEL_COMPONENT: component}},
+            "status": {"podIP": ip},
+        }))
+        .unwrap()
+    }
+
+    fn shard_info(term: u64, leader: u64) -> logservice::LogShardInfo {
+        logservice::LogShardInfo {
+            shard_id: 1,
+            replicas: BTreeMap::from([(1, "mo-log-0".into()), (2, "log-b".into())]),
+            term,
+            leader_id: leader,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn checker_state_maps_to_the_cores_details() {
+        let pods = [
+            pod("mo-log-0", "log", "10.0.0.1", "u1"),
+            pod("mo-log-1", "log", "10.0.0.2", "u2"),
+            pod("mo-tn-0", "tn", "10.0.0.3", "tn-uid"),
+            pod("mo-proxy-0", "proxy", "10.0.0.4", "u4"),
+        ];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let store = |tick, replicas| logservice::LogStoreInfo {
+            tick,
+            service_address: "10.0.0.2:32001".into(),
+            replicas,
+            ..Default::default()
+        };
+        let replica = |id, info| logservice::LogReplicaInfo {
+            log_shard_info: Some(info),
+            replica_id: id,
+            ..Default::default()
+        };
+        let state = logservice::CheckerState {
+            tick: 1_000,
+            cn_state: Some(logservice::CnState {
+                stores: BTreeMap::from([(
+                    "cn-a".into(),
+                    logservice::CnStoreInfo {
+                        tick: 990,
+                        up_time: 77,
+                        work_state: metadata::WorkState::Draining as i32,
+                        commit_id: "v2".into(),
+                        ..Default::default()
+                    },
+                )]),
+            }),
+            tn_state: Some(logservice::TnState {
+                stores: BTreeMap::from([(
+                    "tn".into(),
+                    logservice::TnStoreInfo {
+                        tick: 1_000,
+                        ..Default::default()
+                    },
+                )]),
+            }),
+            log_state: Some(logservice::LogState {
+                shards: BTreeMap::from([(1, shard_info(5, 1))]),
+                stores: BTreeMap::from([
+                    (
+                        "mo-log-0".into(),
+                        store(998, vec![replica(1, shard_info(5, 1))]),
+                    ),
+                    // Found by its address; its replica lags a term behind.
+                    (
+                        "log-b".into(),
+                        store(999, vec![replica(2, shard_info(4, 1))]),
+                    ),
+                ]),
+            }),
+            proxy_state: Some(logservice::ProxyState {
+                stores: BTreeMap::from([(
+                    "mo-proxy-0".into(),
+                    logservice::ProxyStore {
+                        tick: 900,
+                        ..Default::default()
+                    },
+                )]),
+            }),
+            ..Default::default()
+        };
+        let d = cluster_details(&state, &refs);
+        assert_eq!(d.cns[0].heartbeat_age, Millis(1_000));
+        assert_eq!(d.cns[0].start_epoch, 77);
+        assert_eq!(d.cns[0].work_state, WorkState::Draining);
+        assert_eq!(d.cns[0].version, "v2");
+        // No start time reported by the TN: its pod's UID stands for the instance.
+        assert_eq!(d.tns[0].start_epoch, epoch_of_uid("tn-uid"));
+        let shard = &d.log_shards[0];
+        assert_eq!(shard.leader.as_deref(), Some("mo-log-0"));
+        assert_eq!(shard.replicas[0].store, "mo-log-0");
+        assert!(shard.replicas[0].up && shard.replicas[0].caught_up);
+        assert_eq!(shard.replicas[1].store, "mo-log-1");
+        assert!(shard.replicas[1].up && !shard.replicas[1].caught_up);
+        // The proxy's last heartbeat is 10 s old: it cannot be counted on to route.
+        let routes = proxy_routes(&state, &d, &refs);
+        assert!(routes["mo-proxy-0"].is_err());
+    }
+
+    #[test]
+    fn a_store_gone_silent_has_no_replica_up() {
+        let pods = [pod("mo-log-0", "log", "10.0.0.1", "u1")];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let state = logservice::CheckerState {
+            tick: 1_000,
+            log_state: Some(logservice::LogState {
+                shards: BTreeMap::from([(1, shard_info(5, 1))]),
+                stores: BTreeMap::from([(
+                    "mo-log-0".into(),
+                    logservice::LogStoreInfo {
+                        tick: 900,
+                        replicas: vec![logservice::LogReplicaInfo {
+                            log_shard_info: Some(shard_info(5, 1)),
+                            replica_id: 1,
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    },
+                )]),
+            }),
+            ..Default::default()
+        };
+        let d = cluster_details(&state, &refs);
+        assert!(!d.log_shards[0].replicas[0].up);
+        assert!(!d.log_shards[0].replicas[0].caught_up);
+        // Replica 2's store never reported: down, and named by its UUID.
+        assert_eq!(d.log_shards[0].replicas[1].store, "log-b");
+        assert!(!d.log_shards[0].replicas[1].up);
+    }
+
+    #[test]
+    fn rpc_failures_keep_their_kind() {
+        let unknown = RpcError::Kernel {
+            address: "a".into(),
+            error: mo_rpc::KernelError::new(20101, "internal error: CN [x] does not exist"),
+        };
+        assert!(matches!(
+            action_error(&unknown),
+            ActionError::DoesNotExist(_)
+        ));
+        assert!(matches!(
+            observation_error(&unknown),
+            ObservationError::DoesNotExist(_)
+        ));
+        let timeout = RpcError::Timeout {
+            address: "a".into(),
+            timeout: Duration::from_secs(1),
+        };
+        assert!(matches!(action_error(&timeout), ActionError::Timeout(_)));
+        let unsupported = RpcError::Kernel {
+            address: "a".into(),
+            error: mo_rpc::KernelError::new(20105, "not supported"),
+        };
+        assert!(matches!(
+            action_error(&unsupported),
+            ActionError::Unsupported(_)
+        ));
+        let lost = RpcError::ConnectionLost {
+            address: "a".into(),
+            detail: "eof".into(),
+        };
+        assert!(matches!(
+            observation_error(&lost),
+            ObservationError::Unavailable(_)
+        ));
+    }
+}
