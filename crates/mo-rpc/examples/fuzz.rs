@@ -86,7 +86,7 @@ fn valid_message(rng: &mut ChaCha8Rng) -> Vec<u8> {
             method: rng.random_range(0..30),
             log_request: Some(logservice::LogRequest {
                 shard_id: rng.random(),
-                ts: rng.random_bool(0.5).then(|| prost_types::Timestamp {
+                ts: rng.random_bool(0.5).then_some(prost_types::Timestamp {
                     seconds: -62_135_596_800,
                     nanos: 0,
                 }),
