@@ -309,6 +309,16 @@ pub fn proxy_routes(
         .collect()
 }
 
+/// A CN's shard replicas. A kernel without `GetReplicaCount` (v1.2 registers no handler for
+/// it) has no shard service, hence no replicas: its "not supported" is an answer, not doubt.
+fn replica_count(answer: Result<i64, RpcError>) -> Result<u32, RpcError> {
+    match answer {
+        Ok(n) => Ok(n.max(0) as u32),
+        Err(e) if e.kind() == ErrorKind::Unsupported => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
 impl KernelClients {
     pub fn new(settings: KernelSettings) -> KernelClients {
         KernelClients {
@@ -551,7 +561,7 @@ impl KernelClients {
                     Ok(CnActivity {
                         sessions: sessions?.len() as u32,
                         pipelines: pipelines?.max(0) as u32,
-                        replicas: replicas?.max(0) as u32,
+                        replicas: replica_count(replicas)?,
                     })
                 })()
                 .map_err(|e: RpcError| observation_error(&e));
@@ -764,6 +774,22 @@ mod tests {
         // Replica 2's store never reported: down, and named by its UUID.
         assert_eq!(d.log_shards[0].replicas[1].store, "log-b");
         assert!(!d.log_shards[0].replicas[1].up);
+    }
+
+    #[test]
+    fn only_a_kernel_without_the_method_means_no_replicas() {
+        let kernel = |code| RpcError::Kernel {
+            address: "a".into(),
+            error: mo_rpc::KernelError::new(code, "x"),
+        };
+        assert_eq!(replica_count(Ok(3)).unwrap(), 3);
+        assert_eq!(replica_count(Err(kernel(20105))).unwrap(), 0);
+        assert!(replica_count(Err(kernel(20506))).is_err());
+        let timeout = RpcError::Timeout {
+            address: "a".into(),
+            timeout: Duration::from_secs(1),
+        };
+        assert!(replica_count(Err(timeout)).is_err());
     }
 
     #[test]

@@ -136,6 +136,9 @@ async fn a_cluster_becomes_ready_scales_out_and_in_through_the_drain_arbiter_and
         "{table}"
     );
 
+    // The simulated kernel the operator just managed answers MatrixOne's own client.
+    the_kernels_own_client_reads_the_simulated_kernel(&t).await;
+
     // Scale out: a new CN registers and serves.
     t.patch_spec(
         "mo",
@@ -364,4 +367,178 @@ async fn a_drain_resumes_after_an_operator_restart_and_two_replicas_never_act_to
     assert!(deletions >= 1, "the deletion is reported");
     assert!(victim.is_some());
     drop(b);
+}
+
+/// `morpc-interop call` (MatrixOne v1.2.4's own morpc client and message types) against the
+/// simulated kernel's RPC, at the pod addresses the operator itself uses: every HAKeeper,
+/// lock allocator and query service method the operator's client has.
+async fn the_kernels_own_client_reads_the_simulated_kernel(t: &TestNs) {
+    let bin = mo_testenv::morpc_interop().expect("morpc-interop (needs Go)");
+    let call = |address: String, service: &'static str, request: serde_json::Value| {
+        let bin = bin.clone();
+        async move {
+            let out = tokio::process::Command::new(&bin)
+                .args([
+                    "call",
+                    "--address",
+                    &address,
+                    "--service",
+                    service,
+                    "--timeout",
+                    "5s",
+                ])
+                .arg("--request")
+                .arg(request.to_string())
+                .output()
+                .await
+                .expect("run morpc-interop call");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{service} {request}: {stdout}");
+            let answer: serde_json::Value =
+                serde_json::from_str(stdout.trim()).expect("JSON answer");
+            answer
+        }
+    };
+    let ip = |pod: &'static str| async move {
+        t.pod(pod)
+            .await
+            .and_then(|p| p.status?.pod_ip)
+            .unwrap_or_else(|| panic!("{pod} has an IP"))
+    };
+    let log = format!("{}:32001", ip("mo-log-1").await);
+    let tn_ip = ip("mo-tn-0").await;
+    let cn_ip = ip("mo-tp-0").await;
+    let cn = mo_core::component::cn_uuid("mo-tp-0");
+
+    let r = call(log.clone(), "logservice", serde_json::json!({"Method": 10})).await;
+    assert_eq!(r["response"]["IsHAKeeper"], true, "{r}");
+    let r = call(log.clone(), "logservice", serde_json::json!({"Method": 11})).await;
+    let details = &r["response"]["ClusterDetails"];
+    let cns = details["CNStores"].as_array().expect("CN stores");
+    assert_eq!(cns.len(), 2, "{details}");
+    let tp0 = cns
+        .iter()
+        .find(|c| c["UUID"] == cn.as_str())
+        .expect("mo-tp-0 registered");
+    assert_eq!(tp0["QueryAddress"], format!("{cn_ip}:19998"));
+    assert_eq!(
+        details["TNStores"][0]["LockServiceAddress"],
+        format!("{tn_ip}:22002")
+    );
+    let r = call(
+        log.clone(),
+        "logservice",
+        serde_json::json!({"Method": 12, "LogRequest": {"ShardID": 0}}),
+    )
+    .await;
+    assert_eq!(
+        r["response"]["ShardInfo"]["Replicas"]
+            .as_object()
+            .map(|m| m.len()),
+        Some(3),
+        "{r}"
+    );
+    let r = call(log.clone(), "logservice", serde_json::json!({"Method": 14})).await;
+    let state = &r["response"]["CheckerState"];
+    assert_eq!(
+        state["CNState"]["Stores"][&cn]["WorkState"], 1,
+        "Working: {state}"
+    );
+    assert!(
+        state["LogState"]["Shards"]
+            .as_object()
+            .is_some_and(|s| !s.is_empty())
+    );
+    // Calls that change nothing: an unknown CN is "does not exist" (deleting it is a no-op).
+    for request in [
+        serde_json::json!({"Method": 16, "CNWorkState": {"UUID": "cn-nobody", "State": 2}}),
+        serde_json::json!({"Method": 17, "CNStateLabel": {"UUID": "cn-nobody", "State": 2}}),
+        serde_json::json!({"Method": 15, "CNStoreLabel": {"UUID": "cn-nobody"}}),
+    ] {
+        let r = call(log.clone(), "logservice", request.clone()).await;
+        assert_eq!(r["response"]["ErrorCode"], 20101, "{request}: {r}");
+        assert_eq!(
+            r["response"]["ErrorMessage"],
+            "internal error: CN [cn-nobody] does not exist"
+        );
+    }
+    let r = call(
+        log.clone(),
+        "logservice",
+        serde_json::json!({"Method": 15, "CNStoreLabel": {"UUID": cn}}),
+    )
+    .await;
+    assert!(r["response"].get("ErrorCode").is_none(), "{r}");
+    let r = call(
+        log.clone(),
+        "logservice",
+        serde_json::json!({"Method": 18, "DeleteCNStore": {"StoreID": "cn-nobody"}}),
+    )
+    .await;
+    assert!(r["response"].get("ErrorCode").is_none(), "{r}");
+    let r = call(log.clone(), "logservice", serde_json::json!({"Method": 26})).await;
+    assert!(
+        r["response"].get("ErrorCode").is_none(),
+        "CHECK_HEALTH: {r}"
+    );
+
+    let tn = format!("{tn_ip}:22002");
+    let r = call(
+        tn.clone(),
+        "lock",
+        serde_json::json!({"Method": 14, "CanRestartService": {"ServiceID": cn}}),
+    )
+    .await;
+    // Not restarting: the kernel's "cannot restart" and -1.
+    assert!(
+        r["response"]["CanRestartService"].get("OK").is_none(),
+        "{r}"
+    );
+    let r = call(
+        tn.clone(),
+        "lock",
+        serde_json::json!({"Method": 13, "RemainTxnInService": {"ServiceID": cn}}),
+    )
+    .await;
+    assert_eq!(r["response"]["RemainTxnInService"]["RemainTxn"], -1, "{r}");
+    let r = call(
+        tn.clone(),
+        "lock",
+        serde_json::json!({"Method": 12, "SetRestartService": {"ServiceID": "cn-nobody"}}),
+    )
+    .await;
+    assert_eq!(r["response"]["SetRestartService"]["OK"], true, "{r}");
+
+    let query = format!("{cn_ip}:19998");
+    let r = call(
+        query.clone(),
+        "query",
+        serde_json::json!({"CmdMethod": 1, "ShowProcessListRequest": {"SysTenant": true}}),
+    )
+    .await;
+    assert!(r.get("moerr").is_none(), "{r}");
+    let sessions = r["response"]["ShowProcessListResponse"]["Sessions"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert!(sessions > 0, "a tp CN serves client sessions: {r}");
+    let r = call(
+        query.clone(),
+        "query",
+        serde_json::json!({"CmdMethod": 19, "GetPipelineInfoRequest": {}}),
+    )
+    .await;
+    assert!(
+        r.get("moerr").is_none() && r["response"].get("GetPipelineInfoResponse").is_some(),
+        "{r}"
+    );
+    let r = call(
+        query,
+        "query",
+        serde_json::json!({"CmdMethod": 24, "GetReplicaCount": {}}),
+    )
+    .await;
+    assert!(
+        r.get("moerr").is_none() && r["response"].get("GetReplicaCount").is_some(),
+        "{r}"
+    );
 }

@@ -25,7 +25,7 @@ pub const ETCD_VERSION: &str = "v3.7.0";
 
 #[derive(Debug, thiserror::Error)]
 pub enum TestEnvError {
-    #[error("building the control plane failed: {0}")]
+    #[error("building a test tool failed: {0}")]
     Build(String),
     #[error("{what}: {source}")]
     Io {
@@ -221,11 +221,39 @@ pub fn binaries() -> Result<PathBuf, TestEnvError> {
     if let Some(dir) = std::env::var_os("MO_CONTROL_PLANE_BIN") {
         return Ok(PathBuf::from(dir));
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/control-plane/build.sh");
+    build_script(
+        "tools/control-plane/build.sh",
+        &[
+            ("KUBERNETES_VERSION", KUBERNETES_VERSION),
+            ("ETCD_VERSION", ETCD_VERSION),
+        ],
+    )
+}
+
+/// `morpc-interop`: MatrixOne's own RPC and protobuf code as a client and a server
+/// (`tools/morpc-interop`), built and cached on first use unless `MO_MORPC_INTEROP_BIN` names it.
+pub fn morpc_interop() -> Result<PathBuf, TestEnvError> {
+    if let Some(bin) = std::env::var_os("MO_MORPC_INTEROP_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    // Built once per test process, however many tests ask at once.
+    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            build_script("tools/morpc-interop/build.sh", &[]).map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(TestEnvError::Build)
+}
+
+/// Runs one of the repository's build scripts; its last stdout line is the path it built.
+fn build_script(relative: &str, env: &[(&str, &str)]) -> Result<PathBuf, TestEnvError> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(relative);
     let out = Command::new("bash")
         .arg(&script)
-        .env("KUBERNETES_VERSION", KUBERNETES_VERSION)
-        .env("ETCD_VERSION", ETCD_VERSION)
+        .envs(env.iter().copied())
         .stderr(Stdio::inherit())
         .output()
         .map_err(io(format!("running {}", script.display())))?;
@@ -236,8 +264,9 @@ pub fn binaries() -> Result<PathBuf, TestEnvError> {
             out.status
         )));
     }
-    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    Ok(PathBuf::from(dir))
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let path = stdout.lines().last().unwrap_or_default().trim().to_string();
+    Ok(PathBuf::from(path))
 }
 
 fn command(program: PathBuf, args: &[&str]) -> Command {
