@@ -27,6 +27,9 @@ pub struct HaKeeperClient {
     discovery: Discovery,
     options: Options,
     current: tokio::sync::Mutex<Option<Arc<Endpoint<HaKeeper>>>>,
+    /// The address that failed last: probed last next time, so that a replica that still
+    /// says "I am a HAKeeper" but does not answer calls is not chosen again and again.
+    failed: std::sync::Mutex<Option<String>>,
 }
 
 fn log_request(method: logservice::MethodType) -> logservice::Request {
@@ -50,6 +53,7 @@ impl HaKeeperClient {
             discovery,
             options,
             current: tokio::sync::Mutex::new(None),
+            failed: std::sync::Mutex::new(None),
         }
     }
 
@@ -94,7 +98,12 @@ impl HaKeeperClient {
             return Ok(endpoint.clone());
         }
         let mut tried = Vec::new();
-        for address in self.candidates().await? {
+        let mut candidates = self.candidates().await?;
+        let failed = self.failed.lock().expect("failed lock").clone();
+        if let Some(failed) = failed {
+            candidates.sort_by_key(|a| *a == failed);
+        }
+        for address in candidates {
             let endpoint = Arc::new(Endpoint::<HaKeeper>::new(
                 address.clone(),
                 self.options.clone(),
@@ -134,13 +143,19 @@ impl HaKeeperClient {
                     error.code,
                     code::NO_HAKEEPER | code::DRAGONBOAT_SHARD_NOT_FOUND
                 ),
-                RpcError::Connect { .. } | RpcError::ConnectionLost { .. } => true,
+                // As the kernel's own client: a network failure or silence means looking
+                // again (another replica may answer).
+                RpcError::Connect { .. }
+                | RpcError::ConnectionLost { .. }
+                | RpcError::Timeout { .. } => true,
                 _ => false,
             };
             if relocate {
                 let mut current = self.current.lock().await;
                 if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &endpoint)) {
                     *current = None;
+                    *self.failed.lock().expect("failed lock") =
+                        Some(endpoint.address().to_string());
                 }
             }
         }

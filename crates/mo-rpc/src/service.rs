@@ -20,6 +20,21 @@ pub trait Service: Send + Sync + 'static {
     fn not_supported(request: &Self::Request) -> Self::Response;
 }
 
+/// Every kernel message keeps its request id in field 1, `RequestID`.
+macro_rules! request_id_is_field_1 {
+    () => {
+        fn set_request_id(request: &mut Self::Request, id: u64) {
+            request.request_id = id;
+        }
+        fn request_id(request: &Self::Request) -> u64 {
+            request.request_id
+        }
+        fn response_id(response: &Self::Response) -> u64 {
+            response.request_id
+        }
+    };
+}
+
 /// HAKeeper, on the log service's RPC port (32001 by default).
 pub struct HaKeeper;
 /// The lock-table allocator, on the TN's lock-service address (22002 by default).
@@ -33,15 +48,7 @@ impl Service for HaKeeper {
     const NAME: &'static str = "logservice";
     const PAYLOAD: bool = true;
 
-    fn set_request_id(request: &mut Self::Request, id: u64) {
-        request.request_id = id;
-    }
-    fn request_id(request: &Self::Request) -> u64 {
-        request.request_id
-    }
-    fn response_id(response: &Self::Response) -> u64 {
-        response.request_id
-    }
+    request_id_is_field_1!();
     fn not_supported(request: &Self::Request) -> Self::Response {
         logservice::Response {
             request_id: request.request_id,
@@ -59,15 +66,7 @@ impl Service for LockAllocator {
     const NAME: &'static str = "lock";
     const PAYLOAD: bool = false;
 
-    fn set_request_id(request: &mut Self::Request, id: u64) {
-        request.request_id = id;
-    }
-    fn request_id(request: &Self::Request) -> u64 {
-        request.request_id
-    }
-    fn response_id(response: &Self::Response) -> u64 {
-        response.request_id
-    }
+    request_id_is_field_1!();
     fn not_supported(request: &Self::Request) -> Self::Response {
         let name = lock::Method::try_from(request.method)
             .map(|m| m.as_str_name().to_string())
@@ -91,15 +90,7 @@ impl Service for QueryService {
     const NAME: &'static str = "query";
     const PAYLOAD: bool = false;
 
-    fn set_request_id(request: &mut Self::Request, id: u64) {
-        request.request_id = id;
-    }
-    fn request_id(request: &Self::Request) -> u64 {
-        request.request_id
-    }
-    fn response_id(response: &Self::Response) -> u64 {
-        response.request_id
-    }
+    request_id_is_field_1!();
     fn not_supported(request: &Self::Request) -> Self::Response {
         query::Response {
             request_id: request.request_id,

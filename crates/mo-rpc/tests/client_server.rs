@@ -457,3 +457,54 @@ async fn many_calls_in_flight_on_one_connection_get_their_own_answers() {
     ids.dedup();
     assert_eq!(ids.len(), 64);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hakeeper_gone_silent_is_left_for_another_replica() {
+    let silent = Arc::new(Mutex::new(false));
+    let mut addresses = Vec::new();
+    for index in 0..2 {
+        let silent = silent.clone();
+        addresses.push(
+            start::<HaKeeper>(move |request: logservice::Request| {
+                let check = request.method == logservice::MethodType::CheckHakeeper as i32;
+                if index == 0 && !check && *silent.lock().unwrap() {
+                    // Stuck (a partitioned or overloaded store): answers far too late.
+                    std::thread::sleep(Duration::from_millis(800));
+                }
+                Some(logservice::Response {
+                    request_id: request.request_id,
+                    method: request.method,
+                    is_ha_keeper: true,
+                    ..Default::default()
+                })
+            })
+            .await,
+        );
+    }
+    let client = HaKeeperClient::new(
+        Discovery::Addresses(addresses.clone()),
+        Options {
+            timeout: Duration::from_millis(300),
+            ..Options::default()
+        },
+    );
+    client.get_cluster_state().await.unwrap();
+    assert_eq!(
+        client.connected_to().await.as_deref(),
+        Some(addresses[0].as_str())
+    );
+    *silent.lock().unwrap() = true;
+    let e = client.get_cluster_state().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert_eq!(
+        client.connected_to().await,
+        None,
+        "a silent HAKeeper is forgotten"
+    );
+    // The replica that failed is probed last: the next call goes to the other one.
+    client.get_cluster_state().await.unwrap();
+    assert_eq!(
+        client.connected_to().await.as_deref(),
+        Some(addresses[1].as_str())
+    );
+}
