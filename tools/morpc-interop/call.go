@@ -17,6 +17,7 @@ func runCall(args []string) error {
 	name := fs.String("service", "", "logservice, lock or query")
 	request := fs.String("request", "", "JSON of the service's Request, including Method/CmdMethod")
 	timeout := fs.Duration("timeout", 10*time.Second, "deadline of the request (sent in the deadline header)")
+	compress := fs.Bool("compress", false, "LZ4-compress as the kernel does with enable-compress = true")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -32,7 +33,7 @@ func runCall(args []string) error {
 		return fmt.Errorf("--request: %w", err)
 	}
 
-	client, err := newClient(svc.name, *address)
+	client, err := newClient(svc.name, *address, *compress)
 	if err != nil {
 		fail(err)
 	}
@@ -56,12 +57,13 @@ func runCall(args []string) error {
 // newClient builds the morpc client the kernel builds for the service. The kernel wrappers
 // around it (hakeeperClient, lockservice client, queryservice client) are not used because
 // they pick the address themselves (HAKeeper discovery, cluster lookup by method) and turn
-// error responses into Go errors; the client, codec and backend options are theirs.
-func newClient(service, address string) (morpc.RPCClient, error) {
+// error responses into Go errors; the client, codec and backend options are theirs. compress
+// is [hakeeper-client] enable-compress for logservice and [rpc] enable-compress otherwise.
+func newClient(service, address string, compress bool) (morpc.RPCClient, error) {
 	switch service {
 	case "logservice":
 		// pkg/logservice/client.go getRPCClient as connectToHAKeeper calls it.
-		bf := morpc.NewGoettyBasedBackendFactory(newLogClientCodec(),
+		bf := morpc.NewGoettyBasedBackendFactory(newLogClientCodec(compress),
 			morpc.WithBackendConnectTimeout(time.Second),
 			morpc.WithBackendHasPayloadResponse(),
 			morpc.WithBackendLogger(logger.Named("hakeeper-client-backend")),
@@ -73,7 +75,7 @@ func newClient(service, address string) (morpc.RPCClient, error) {
 			morpc.WithClientLogger(logger))
 	case "lock":
 		// pkg/lockservice/rpc.go NewClient.
-		cfg := defaultRPCConfig()
+		cfg := rpcConfig(compress)
 		cfg.BackendOptions = append(cfg.BackendOptions,
 			morpc.WithBackendReadTimeout(10*time.Second), // lockservice defaultRPCTimeout
 			morpc.WithBackendFreeOrphansResponse(func(morpc.Message) {}))
@@ -81,7 +83,7 @@ func newClient(service, address string) (morpc.RPCClient, error) {
 			func() morpc.Message { return &lock.Response{} })
 	case "query":
 		// pkg/queryservice/client/query_client.go NewQueryClient.
-		return defaultRPCConfig().NewClient("query-client", logger.Named("query-client"),
+		return rpcConfig(compress).NewClient("query-client", logger.Named("query-client"),
 			func() morpc.Message { return &query.Response{} })
 	}
 	return nil, fmt.Errorf("unknown service %q", service)

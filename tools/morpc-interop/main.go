@@ -26,10 +26,10 @@ import (
 )
 
 const usage = `usage:
-  morpc-interop serve   --listen 127.0.0.1:0 --service logservice|lock|query --fixture FILE
-  morpc-interop call    --address HOST:PORT --service logservice|lock|query --request JSON [--timeout 10s]
+  morpc-interop serve   --listen 127.0.0.1:0 --service logservice|lock|query --fixture FILE [--compress]
+  morpc-interop call    --address HOST:PORT --service logservice|lock|query --request JSON [--timeout 10s] [--compress]
   morpc-interop vectors --out DIR
-  morpc-interop decode  --service logservice|lock|query --kind request|response FILE
+  morpc-interop decode  --service logservice|lock|query --kind request|response [--compress] FILE
 
 serve    Starts the kernel's server for the service, prints "listening HOST:PORT", then
          {"request": ...} for every request received. FILE is a JSON object mapping a method
@@ -47,6 +47,13 @@ vectors  Writes DIR/<service>-<method>-request.bin and -response.bin (complete f
          encoded in Go map order, so frames with multi-entry maps differ between runs.
 decode   Decodes one complete frame with the kernel's codec and prints {"request": ...} or
          {"response": ...}; exits 1 with the kernel's error if it does not decode.
+
+--compress gives serve, call and decode the codec of a kernel whose config has
+enable-compress = true ([rpc] for lock and query, [logservice.rpc] for the logservice server,
+[hakeeper-client] for its client): every frame it encodes has flag 0x08 and an LZ4 block
+body and payload; its decoder takes frames with and without 0x08. Without it (the default, as
+in the kernel) frames are uncompressed, and the decoder panics on a 0x08 frame with a body (nil
+mpool): a v1.2.4 client process then exits, a server process crashes.
 
 JSON is encoding/json of the kernel's generated types (enums as numbers, bytes as base64).
 Logs go to stderr: MORPC_INTEROP_LOG_LEVEL=debug|info|warn|error|dpanic (default dpanic,

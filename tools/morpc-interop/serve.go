@@ -25,6 +25,7 @@ func runServe(args []string) error {
 	listen := fs.String("listen", "127.0.0.1:0", "address to listen on; port 0 picks a free port")
 	name := fs.String("service", "", "logservice, lock or query")
 	fixturePath := fs.String("fixture", "", "JSON object: method name -> Response")
+	compress := fs.Bool("compress", false, "LZ4-compress as the kernel does with enable-compress = true")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -51,19 +52,19 @@ func runServe(args []string) error {
 		if err != nil {
 			return err
 		}
-		start = func(address string) (io.Closer, error) { return startLogServer(address, responses) }
+		start = func(address string) (io.Closer, error) { return startLogServer(address, responses, *compress) }
 	case "lock":
 		responses, err := parseLockFixture(fixture)
 		if err != nil {
 			return err
 		}
-		start = func(address string) (io.Closer, error) { return startLockServer(address, responses) }
+		start = func(address string) (io.Closer, error) { return startLockServer(address, responses, *compress) }
 	case "query":
 		responses, err := parseQueryFixture(fixture)
 		if err != nil {
 			return err
 		}
-		start = func(address string) (io.Closer, error) { return startQueryServer(address, responses) }
+		start = func(address string) (io.Closer, error) { return startQueryServer(address, responses, *compress) }
 	}
 
 	address, server, err := listenOn(*listen, start)
@@ -158,9 +159,10 @@ func parseQueryFixture(fixture map[int32]json.RawMessage) (map[int32]fixtureResp
 // startLogServer mirrors pkg/logservice/service.go NewService and handleRPCRequest: a
 // "logservice-server" morpc server with the kernel's codec, answering every RPCRequest with
 // an RPCResponse written with the request's context. (Service itself needs a running
-// dragonboat store, so only its RPC layer is reproduced.)
-func startLogServer(address string, responses map[int32]logpb.Response) (io.Closer, error) {
-	server, err := morpc.NewRPCServer("logservice-server", address, newLogServerCodec(),
+// dragonboat store, so only its RPC layer is reproduced.) compress is [logservice.rpc]
+// enable-compress.
+func startLogServer(address string, responses map[int32]logpb.Response, compress bool) (io.Closer, error) {
+	server, err := morpc.NewRPCServer("logservice-server", address, newLogServerCodec(compress),
 		morpc.WithServerLogger(logger.Named("logservice-server")))
 	if err != nil {
 		return nil, err
@@ -195,9 +197,9 @@ func logResponse(ctx context.Context, req logpb.Request, responses map[int32]log
 // startLockServer runs the kernel's own lock RPC server (pkg/lockservice NewServer, as the
 // TN's lock table allocator does) with a handler per fixture method. Methods without a handler
 // get the server's own NotSupported answer. The message filter sees every request first, so
-// it prints them.
-func startLockServer(address string, responses map[int32]fixtureResponse[lock.Response]) (io.Closer, error) {
-	server, err := lockservice.NewServer(address, defaultRPCConfig(),
+// it prints them. compress is the [rpc] enable-compress the TN passes on in its morpc.Config.
+func startLockServer(address string, responses map[int32]fixtureResponse[lock.Response], compress bool) (io.Closer, error) {
+	server, err := lockservice.NewServer(address, rpcConfig(compress),
 		lockservice.WithServerMessageFilter(func(req *lock.Request) bool {
 			emit(map[string]any{"request": req})
 			return true
@@ -228,15 +230,16 @@ func startLockServer(address string, responses map[int32]fixtureResponse[lock.Re
 }
 
 // startQueryServer builds the query service the way pkg/queryservice NewQueryService does
-// (morpc.NewMessageHandler named "query-service" over the default Config), plus a message
-// filter that prints each request; queryservice.NewQueryService offers no filter option.
+// (morpc.NewMessageHandler named "query-service" over the [rpc] Config: defaults but for
+// enable-compress), plus a message filter that prints each request;
+// queryservice.NewQueryService offers no filter option.
 // Handler errors go through the handler's resp.WrapError like any kernel handler's, and
 // unregistered methods get the handler's own NotSupported answer.
-func startQueryServer(address string, responses map[int32]fixtureResponse[query.Response]) (io.Closer, error) {
+func startQueryServer(address string, responses map[int32]fixtureResponse[query.Response], compress bool) (io.Closer, error) {
 	pool := morpc.NewMessagePool(
 		func() *query.Request { return &query.Request{} },
 		func() *query.Response { return &query.Response{} })
-	handler, err := morpc.NewMessageHandler("query-service", address, defaultRPCConfig(), pool,
+	handler, err := morpc.NewMessageHandler("query-service", address, rpcConfig(compress), pool,
 		morpc.WithHandleMessageFilter[*query.Request, *query.Response](func(req *query.Request) bool {
 			emit(map[string]any{"request": req})
 			return true

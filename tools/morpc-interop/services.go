@@ -8,6 +8,7 @@ import (
 
 	"github.com/matrixorigin/matrixone/pkg/common/moerr"
 	"github.com/matrixorigin/matrixone/pkg/common/morpc"
+	"github.com/matrixorigin/matrixone/pkg/common/mpool"
 	"github.com/matrixorigin/matrixone/pkg/pb/lock"
 	logpb "github.com/matrixorigin/matrixone/pkg/pb/logservice"
 	moerrpb "github.com/matrixorigin/matrixone/pkg/pb/moerr"
@@ -25,40 +26,57 @@ const (
 )
 
 // newLogServerCodec is the codec pkg/logservice/service.go NewService builds: it decodes
-// RPCRequest, checksum on, compression off (the default of [logservice.rpc] enable-compress).
-func newLogServerCodec() morpc.Codec {
+// RPCRequest, checksum on, compression as [logservice.rpc] enable-compress (default off).
+func newLogServerCodec(compress bool) morpc.Codec {
 	return morpc.NewMessageCodec(
 		func() morpc.Message { return &logRPCRequest{} },
-		morpc.WithCodecPayloadCopyBufferSize(logServerPayloadCopyBufferSize),
-		morpc.WithCodecEnableChecksum(),
-		morpc.WithCodecMaxBodySize(logMaxMessageSize))
+		withCompress(compress, "log_rpc_server",
+			morpc.WithCodecPayloadCopyBufferSize(logServerPayloadCopyBufferSize),
+			morpc.WithCodecEnableChecksum(),
+			morpc.WithCodecMaxBodySize(logMaxMessageSize))...)
 }
 
 // newLogClientCodec is the codec pkg/logservice/client.go getRPCClient builds for the
-// HAKeeper client: it decodes RPCResponse.
-func newLogClientCodec() morpc.Codec {
+// HAKeeper client: it decodes RPCResponse; compression as [hakeeper-client] enable-compress.
+func newLogClientCodec(compress bool) morpc.Codec {
 	return morpc.NewMessageCodec(
 		func() morpc.Message { return &logRPCResponse{} },
-		morpc.WithCodecPayloadCopyBufferSize(logClientPayloadCopyBufferSize),
-		morpc.WithCodecEnableChecksum(),
-		morpc.WithCodecMaxBodySize(logMaxMessageSize))
+		withCompress(compress, "log_rpc_client",
+			morpc.WithCodecPayloadCopyBufferSize(logClientPayloadCopyBufferSize),
+			morpc.WithCodecEnableChecksum(),
+			morpc.WithCodecMaxBodySize(logMaxMessageSize))...)
+}
+
+// withCompress appends WithCodecEnableCompress over a fresh unlimited, non-fixed mpool when
+// compress is set, as getRPCClient, NewService and Config.NewServer/NewClient do.
+func withCompress(compress bool, pool string, opts ...morpc.CodecOption) []morpc.CodecOption {
+	if !compress {
+		return opts
+	}
+	mp, err := mpool.NewMPool(pool, 0, mpool.NoFixed)
+	if err != nil {
+		panic(err) // NewMPool only fails for a cap > 0
+	}
+	return append(opts, morpc.WithCodecEnableCompress(mp))
 }
 
 // newConfigCodec is the codec morpc.Config.NewServer and Config.NewClient build from an
-// adjusted default Config (lock server and client, query service and client). The kernel does
-// not expose that codec, so vectors and decode rebuild it with the same options; serve and call
+// adjusted Config (lock server and client, query service and client). The kernel does not
+// expose that codec, so vectors and decode rebuild it with the same options; serve and call
 // go through Config.NewServer/NewClient themselves.
-func newConfigCodec(factory func() morpc.Message) morpc.Codec {
-	cfg := defaultRPCConfig()
+func newConfigCodec(factory func() morpc.Message, compress bool) morpc.Codec {
+	cfg := rpcConfig(compress)
 	return morpc.NewMessageCodec(factory,
-		morpc.WithCodecEnableChecksum(),
-		morpc.WithCodecPayloadCopyBufferSize(int(cfg.PayloadCopyBufferSize)),
-		morpc.WithCodecMaxBodySize(int(cfg.MaxMessageSize)))
+		withCompress(cfg.EnableCompress, "morpc-interop",
+			morpc.WithCodecEnableChecksum(),
+			morpc.WithCodecPayloadCopyBufferSize(int(cfg.PayloadCopyBufferSize)),
+			morpc.WithCodecMaxBodySize(int(cfg.MaxMessageSize)))...)
 }
 
-// defaultRPCConfig is the [rpc] section of a TN/CN config left at its defaults.
-func defaultRPCConfig() morpc.Config {
-	var cfg morpc.Config
+// rpcConfig is the [rpc] section of a TN/CN config left at its defaults, except for
+// enable-compress.
+func rpcConfig(compress bool) morpc.Config {
+	cfg := morpc.Config{EnableCompress: compress}
 	cfg.Adjust()
 	return cfg
 }
@@ -69,9 +87,10 @@ type service struct {
 	// methods maps the method enum's names (as String() prints them) to their numbers.
 	methods map[string]int32
 	// clientCodec/serverCodec build the codec of the kernel's client (decodes responses,
-	// encodes requests) and server (decodes requests, encodes responses).
-	clientCodec func() morpc.Codec
-	serverCodec func() morpc.Codec
+	// encodes requests) and server (decodes requests, encodes responses), with or without
+	// compression.
+	clientCodec func(compress bool) morpc.Codec
+	serverCodec func(compress bool) morpc.Codec
 	// parseRequest turns the JSON of the service's Request into the message sent on the wire.
 	parseRequest func([]byte) (morpc.Message, error)
 	// requestView/responseView give the JSON shown for a wire message.
@@ -106,8 +125,8 @@ var services = map[string]*service{
 	"lock": {
 		name:        "lock",
 		methods:     lock.Method_value,
-		clientCodec: func() morpc.Codec { return newConfigCodec(func() morpc.Message { return &lock.Response{} }) },
-		serverCodec: func() morpc.Codec { return newConfigCodec(func() morpc.Message { return &lock.Request{} }) },
+		clientCodec: func(c bool) morpc.Codec { return newConfigCodec(func() morpc.Message { return &lock.Response{} }, c) },
+		serverCodec: func(c bool) morpc.Codec { return newConfigCodec(func() morpc.Message { return &lock.Request{} }, c) },
 		parseRequest: func(data []byte) (morpc.Message, error) {
 			req := &lock.Request{}
 			return req, strictUnmarshal(data, req)
@@ -121,8 +140,8 @@ var services = map[string]*service{
 	"query": {
 		name:        "query",
 		methods:     query.CmdMethod_value,
-		clientCodec: func() morpc.Codec { return newConfigCodec(func() morpc.Message { return &query.Response{} }) },
-		serverCodec: func() morpc.Codec { return newConfigCodec(func() morpc.Message { return &query.Request{} }) },
+		clientCodec: func(c bool) morpc.Codec { return newConfigCodec(func() morpc.Message { return &query.Response{} }, c) },
+		serverCodec: func(c bool) morpc.Codec { return newConfigCodec(func() morpc.Message { return &query.Request{} }, c) },
 		parseRequest: func(data []byte) (morpc.Message, error) {
 			req := &query.Request{}
 			return req, strictUnmarshal(data, req)

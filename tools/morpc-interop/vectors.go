@@ -38,19 +38,19 @@ func runVectors(args []string) error {
 	}
 	for _, c := range vectorCases() {
 		svc := services[c.service]
-		request, err := encodeFrame(svc.clientCodec(), c.request)
+		request, err := encodeFrame(svc.clientCodec(false), c.request)
 		if err != nil {
 			return fmt.Errorf("%s %s request: %w", c.service, c.name, err)
 		}
-		response, err := encodeFrame(svc.serverCodec(), c.response)
+		response, err := encodeFrame(svc.serverCodec(false), c.response)
 		if err != nil {
 			return fmt.Errorf("%s %s response: %w", c.service, c.name, err)
 		}
 		// Self-check: the kernel's decoders must take the frames back.
-		if _, err := decodeFrame(svc.serverCodec(), request); err != nil {
+		if _, err := decodeFrame(svc.serverCodec(false), request); err != nil {
 			return fmt.Errorf("%s %s request does not decode: %w", c.service, c.name, err)
 		}
-		if _, err := decodeFrame(svc.clientCodec(), response); err != nil {
+		if _, err := decodeFrame(svc.clientCodec(false), response); err != nil {
 			return fmt.Errorf("%s %s response does not decode: %w", c.service, c.name, err)
 		}
 		values := svc.responseView(c.response)
@@ -78,6 +78,7 @@ func runDecode(args []string) error {
 	fs := flag.NewFlagSet("decode", flag.ContinueOnError)
 	name := fs.String("service", "", "logservice, lock or query")
 	kind := fs.String("kind", "", "request or response")
+	compress := fs.Bool("compress", false, "decode with a compression-enabled codec (needed for LZ4 frames)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -94,13 +95,13 @@ func runDecode(args []string) error {
 	}
 	switch *kind {
 	case "request":
-		msg, err := decodeFrame(svc.serverCodec(), frame)
+		msg, err := decodeFrame(svc.serverCodec(*compress), frame)
 		if err != nil {
 			return err
 		}
 		emit(map[string]any{"request": svc.requestView(msg)})
 	case "response":
-		msg, err := decodeFrame(svc.clientCodec(), frame)
+		msg, err := decodeFrame(svc.clientCodec(*compress), frame)
 		if err != nil {
 			return err
 		}

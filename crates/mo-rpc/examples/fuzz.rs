@@ -237,7 +237,13 @@ fn valid_frame(rng: &mut ChaCha8Rng) -> Vec<u8> {
     });
     let timeout = rng.random_bool(0.8).then(|| rng.random_range(0..i64::MAX));
     encode(&Frame {
-        flags: if rng.random_bool(0.1) { 0x20 } else { 0 },
+        flags: if rng.random_bool(0.1) {
+            0x20
+        } else if rng.random_bool(0.2) {
+            mo_rpc::frame::FLAG_COMPRESSED
+        } else {
+            0
+        },
         timeout_ns: timeout,
         trace: if timeout.is_some() {
             vec![0; TRACE_CONTEXT_LEN]
@@ -329,6 +335,7 @@ fn check_frame(input: &[u8]) {
             .expect("complete");
         assert_eq!(back.body, frame.body);
         assert_eq!(back.payload, frame.payload);
+        assert_eq!(back.flags & 0x08, frame.flags & 0x08);
         check_messages(&frame.body);
     }
     let _ = decode_content(input);

@@ -45,8 +45,8 @@ pub enum FrameError {
     BadTraceLength(usize),
     #[error("checksum mismatch: frame says {expected:#018x}, content hashes to {actual:#018x}")]
     ChecksumMismatch { expected: u64, actual: u64 },
-    #[error("compressed frames are not supported (the kernel's default has compression off)")]
-    Compressed,
+    #[error("compressed content does not decompress within {limit} bytes: {detail}")]
+    Decompress { limit: usize, detail: String },
     #[error("negative timeout header ({0} ns)")]
     NegativeTimeout(i64),
 }
@@ -54,7 +54,8 @@ pub enum FrameError {
 /// One message on the wire.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Frame {
-    /// Flag bits as sent; [`encode`] derives 0x01/0x02/0x04/0x10 from the fields below.
+    /// Flag bits as sent; [`encode`] derives 0x01/0x02/0x04/0x10 from the fields below and
+    /// takes 0x08 (compress), 0x20 and 0x40 from here. Decoded bodies are decompressed.
     pub flags: u8,
     /// Remaining time the receiver has to answer, in nanoseconds (the deadline header).
     pub timeout_ns: Option<i64>,
@@ -92,7 +93,7 @@ impl Frame {
     }
 
     fn wire_flags(&self) -> u8 {
-        let mut flags = self.flags & (FLAG_PING | FLAG_PONG);
+        let mut flags = self.flags & (FLAG_PING | FLAG_PONG | FLAG_COMPRESSED);
         if self.payload.is_some() {
             flags |= FLAG_PAYLOAD;
         }
@@ -123,6 +124,18 @@ fn checksum(body: &[u8], payload: &[u8]) -> u64 {
 pub fn encode(frame: &Frame) -> Vec<u8> {
     let flags = frame.wire_flags();
     let payload = frame.payload.as_deref().unwrap_or(&[]);
+    if flags & FLAG_COMPRESSED != 0 {
+        // Body and payload as separate LZ4 blocks, as the kernel's codec sends them.
+        let compressed = Frame {
+            flags: frame.flags & !FLAG_COMPRESSED,
+            body: lz4_flex::block::compress(&frame.body),
+            payload: frame.payload.as_ref().map(|p| lz4_flex::block::compress(p)),
+            ..frame.clone()
+        };
+        let mut bytes = encode(&compressed);
+        bytes[4] |= FLAG_COMPRESSED;
+        return bytes;
+    }
     let mut rest = Vec::with_capacity(64 + frame.body.len() + payload.len());
     rest.push(flags);
     if flags & FLAG_CHECKSUM != 0 {
@@ -204,19 +217,48 @@ pub fn decode(input: &[u8], max_body: usize) -> Result<Option<(Frame, usize)>, F
     if input.len() - 4 < total {
         return Ok(None);
     }
-    let frame = decode_content(&input[4..4 + total])?;
+    let frame = decode_content_within(&input[4..4 + total], max_body)?;
     Ok(Some((frame, 4 + total)))
 }
 
-/// Decodes what follows the length prefix (exactly one frame's bytes).
+/// Decodes what follows the length prefix (exactly one frame's bytes), with the kernel's
+/// default body limit for decompressed content.
 pub fn decode_content(data: &[u8]) -> Result<Frame, FrameError> {
+    decode_content_within(data, DEFAULT_MAX_BODY)
+}
+
+/// LZ4 block decompression (the kernel's `pierrec/lz4` blocks carry no size): like the
+/// kernel's decoder, try a buffer and double it, never beyond `limit`.
+fn decompress(data: &[u8], limit: usize) -> Result<Vec<u8>, FrameError> {
+    if data.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut size = data.len().saturating_mul(4).clamp(64, limit.max(64));
+    loop {
+        let mut out = vec![0u8; size];
+        match lz4_flex::block::decompress_into(data, &mut out) {
+            Ok(n) => {
+                out.truncate(n);
+                return Ok(out);
+            }
+            Err(lz4_flex::block::DecompressError::OutputTooSmall { .. }) if size < limit => {
+                size = size.saturating_mul(2).min(limit);
+            }
+            Err(e) => {
+                return Err(FrameError::Decompress {
+                    limit,
+                    detail: e.to_string(),
+                });
+            }
+        }
+    }
+}
+
+fn decode_content_within(data: &[u8], max_body: usize) -> Result<Frame, FrameError> {
     let mut r = Reader { data, at: 0 };
     let flags = r.u8()?;
     if flags & !KNOWN_FLAGS != 0 {
         return Err(FrameError::UnknownFlags(flags & !KNOWN_FLAGS));
-    }
-    if flags & FLAG_COMPRESSED != 0 {
-        return Err(FrameError::Compressed);
     }
     let expected = if flags & FLAG_CHECKSUM != 0 {
         Some(r.u64()?)
@@ -261,13 +303,19 @@ pub fn decode_content(data: &[u8]) -> Result<Frame, FrameError> {
             return Err(FrameError::ChecksumMismatch { expected, actual });
         }
     }
+    // The checksum covers the bytes as sent; body and payload are compressed separately.
+    let (body, payload) = if flags & FLAG_COMPRESSED != 0 {
+        (decompress(body, max_body)?, decompress(payload, max_body)?)
+    } else {
+        (body.to_vec(), payload.to_vec())
+    };
     Ok(Frame {
         flags,
         timeout_ns,
         trace,
         stream_sequence,
-        body: body.to_vec(),
-        payload: payload_len.map(|_| payload.to_vec()),
+        body,
+        payload: payload_len.map(|_| payload),
         checksum: expected.is_some(),
     })
 }
@@ -276,6 +324,40 @@ pub fn decode_content(data: &[u8]) -> Result<Frame, FrameError> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A kernel with `[rpc] enable-compress` sends body and payload as separate LZ4 blocks;
+    /// the checksum covers them compressed.
+    #[test]
+    fn compressed_frames_decode_to_their_content() {
+        let body: Vec<u8> = b"answer ".iter().copied().cycle().take(3000).collect();
+        let payload = vec![1u8; 500];
+        let (zbody, zpayload) = (
+            lz4_flex::block::compress(&body),
+            lz4_flex::block::compress(&payload),
+        );
+        let mut rest = vec![FLAG_COMPRESSED | FLAG_CHECKSUM | FLAG_PAYLOAD];
+        rest.extend_from_slice(&checksum(&zbody, &zpayload).to_be_bytes());
+        rest.extend_from_slice(&(zpayload.len() as u32).to_be_bytes());
+        rest.extend_from_slice(&zbody);
+        rest.extend_from_slice(&zpayload);
+        let mut bytes = (rest.len() as u32).to_be_bytes().to_vec();
+        bytes.extend_from_slice(&rest);
+        let (frame, used) = decode(&bytes, DEFAULT_MAX_BODY).unwrap().unwrap();
+        assert_eq!(used, bytes.len());
+        assert_eq!(frame.body, body);
+        assert_eq!(frame.payload, Some(payload.clone()));
+        // Our encoder writes the same layout.
+        let ours = encode(&Frame {
+            flags: FLAG_COMPRESSED,
+            timeout_ns: None,
+            trace: vec![],
+            stream_sequence: None,
+            body: body.clone(),
+            payload: Some(payload),
+            checksum: true,
+        });
+        assert_eq!(ours, bytes);
+    }
 
     fn hex(text: &str) -> Vec<u8> {
         text.split_whitespace()
@@ -336,10 +418,20 @@ mod tests {
             decode(&corrupt, 100),
             Err(FrameError::ChecksumMismatch { .. })
         ));
-        assert_eq!(
-            decode(&[0, 0, 0, 1, 0x08], 100),
-            Err(FrameError::Compressed)
-        );
+        // Compressed content that is not LZ4, or that would exceed the limit.
+        assert!(matches!(
+            decode(&[0, 0, 0, 3, 0x08, 0xf0, 0x01], 100),
+            Err(FrameError::Decompress { .. })
+        ));
+        let bomb = lz4_flex::block::compress(&[7u8; 4096]);
+        let mut frame = vec![0x08];
+        frame.extend_from_slice(&bomb);
+        let mut bytes = (frame.len() as u32).to_be_bytes().to_vec();
+        bytes.extend_from_slice(&frame);
+        assert!(matches!(
+            decode(&bytes, 1000),
+            Err(FrameError::Decompress { limit: 1000, .. })
+        ));
         assert_eq!(
             decode(&[0, 0, 0, 1, 0x80], 100),
             Err(FrameError::UnknownFlags(0x80))

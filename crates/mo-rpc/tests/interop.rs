@@ -26,6 +26,10 @@ struct KernelServer {
 
 impl KernelServer {
     async fn start(service: &str, fixture: Value) -> KernelServer {
+        KernelServer::start_with(service, fixture, &[]).await
+    }
+
+    async fn start_with(service: &str, fixture: Value, extra: &[&str]) -> KernelServer {
         let bin = mo_testenv::morpc_interop().expect("morpc-interop (needs Go)");
         let file = std::env::temp_dir().join(format!(
             "morpc-fixture-{}-{service}-{}.json",
@@ -37,6 +41,7 @@ impl KernelServer {
             .args(["serve", "--listen", "127.0.0.1:0", "--service", service])
             .arg("--fixture")
             .arg(&file)
+            .args(extra)
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
@@ -310,4 +315,51 @@ async fn query_service_against_the_kernels_message_handler() {
     assert!(sent.get("GetPipelineInfoRequest").is_some(), "{sent}");
     assert_eq!(client.get_replica_count().await.expect("replicas"), 5);
     assert_eq!(cn.request().await["CmdMethod"], 24);
+}
+
+/// A kernel configured with `enable-compress` answers every request LZ4-compressed, even one
+/// sent uncompressed (ours never are: a kernel without compression cannot read them).
+#[tokio::test]
+async fn answers_from_a_compressing_kernel_are_decompressed() {
+    let mut hakeeper = KernelServer::start_with(
+        "logservice",
+        json!({
+            "CHECK_HAKEEPER": {"IsHAKeeper": true},
+            "GET_CLUSTER_STATE": {"CheckerState": {"Tick": 42, "CNState": {"Stores": {
+                "cn-1": {"Tick": 41, "WorkState": 2, "QueryAddress": "10.0.1.5:19998"}}}}}
+        }),
+        &["--compress"],
+    )
+    .await;
+    let client = HaKeeperClient::new(
+        Discovery::Addresses(vec![hakeeper.address.clone()]),
+        options(),
+    );
+    let state = client.get_cluster_state().await.expect("state");
+    assert_eq!(state.tick, 42);
+    assert_eq!(
+        state.cn_state.expect("CN state").stores["cn-1"].query_address,
+        "10.0.1.5:19998"
+    );
+    assert_eq!(hakeeper.request().await["Method"], 10);
+    assert_eq!(hakeeper.request().await["Method"], 14);
+
+    let sessions: Vec<Value> = (0..50)
+        .map(|i| {
+            json!({"NodeID": "cn-1", "ConnID": i, "Account": "sys", "User": "root",
+                        "Info": "select * from t where id = 1"})
+        })
+        .collect();
+    let cn = KernelServer::start_with(
+        "query",
+        json!({"ShowProcessList": {"ShowProcessListResponse": {"Sessions": sessions}}}),
+        &["--compress"],
+    )
+    .await;
+    let list = QueryClient::new(cn.address.clone(), options())
+        .show_process_list()
+        .await
+        .expect("process list");
+    assert_eq!(list.len(), 50);
+    assert_eq!(list[49].conn_id, 49);
 }
