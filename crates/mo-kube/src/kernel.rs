@@ -122,7 +122,8 @@ fn pod_of_store<'a>(pods: &[&'a Pod], uuid: &str, address: &str) -> Option<&'a P
         .copied()
 }
 
-fn work_state(state: i32) -> WorkState {
+/// The kernel's work state (a protobuf enum value) as the core's; unknown values are Unknown.
+pub fn core_work_state(state: i32) -> WorkState {
     match metadata::WorkState::try_from(state) {
         Ok(metadata::WorkState::Working) => WorkState::Working,
         Ok(metadata::WorkState::Draining) => WorkState::Draining,
@@ -162,7 +163,7 @@ pub fn cluster_details(state: &logservice::CheckerState, pods: &[&Pod]) -> Clust
         .map(|(uuid, info)| CnStoreView {
             uuid: uuid.clone(),
             start_epoch: info.up_time as u64,
-            work_state: work_state(info.work_state),
+            work_state: core_work_state(info.work_state),
             heartbeat_age: age(info.tick),
             version: info.commit_id.clone(),
         })
@@ -790,6 +791,19 @@ mod tests {
             timeout: Duration::from_secs(1),
         };
         assert!(replica_count(Err(timeout)).is_err());
+    }
+
+    #[test]
+    fn work_states_map_both_ways_and_unknown_values_are_unknown() {
+        for state in [
+            WorkState::Unknown,
+            WorkState::Working,
+            WorkState::Draining,
+            WorkState::Drained,
+        ] {
+            assert_eq!(core_work_state(kernel_work_state(state) as i32), state);
+        }
+        assert_eq!(core_work_state(99), WorkState::Unknown);
     }
 
     #[test]

@@ -8,8 +8,8 @@
 
 use super::{DataPlane, Key, SimCluster};
 use mo_core::component::cn_uuid;
-use mo_core::{Action, ActionError, ActionOutput, DrainAnswer, KernelView, Millis, WorkState};
-use mo_kube::kernel::{HAKEEPER_TICK, TN_START_EPOCH_ITEM, kernel_work_state};
+use mo_core::{Action, ActionError, ActionOutput, DrainAnswer, KernelView, Millis};
+use mo_kube::kernel::{HAKEEPER_TICK, TN_START_EPOCH_ITEM, core_work_state, kernel_work_state};
 use mo_rpc::error::code;
 use mo_rpc::pb::{lock, logservice, query, status};
 use mo_rpc::{HaKeeper, KernelError, LockAllocator, QueryService, Service};
@@ -500,12 +500,7 @@ impl Answering {
                             return response;
                         }
                     };
-                    let state = match mo_rpc::pb::metadata::WorkState::try_from(state) {
-                        Ok(mo_rpc::pb::metadata::WorkState::Working) => WorkState::Working,
-                        Ok(mo_rpc::pb::metadata::WorkState::Draining) => WorkState::Draining,
-                        Ok(mo_rpc::pb::metadata::WorkState::Drained) => WorkState::Drained,
-                        _ => WorkState::Unknown,
-                    };
+                    let state = core_work_state(state);
                     if let Err(e) = call(
                         sim,
                         Action::SetCnWorkState {
