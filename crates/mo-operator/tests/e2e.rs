@@ -238,10 +238,15 @@ async fn an_upgrade_survives_operator_kills_and_restarts_each_pod_exactly_once()
     let mut uids = BTreeMap::new();
     watch_uids(&t, &mut uids).await;
 
+    // The CN phase cannot pass its first hand-over until the fault is lifted, so the second
+    // kill lands in it whatever the polling rhythm.
+    t.fault("mo", serde_json::json!({"handover_never_confirms": true}))
+        .await;
     t.patch_spec("mo", serde_json::json!({"version": "v2"}))
         .await;
     // Kill the operator in the LOG phase, once a LOG pod has been restarted.
     let mut kills = 0;
+    let mut killed_at_steps = Vec::new();
     let mut generation = 1;
     let limit = Duration::from_secs(600);
     let start = std::time::Instant::now();
@@ -266,9 +271,14 @@ async fn an_upgrade_survives_operator_kills_and_restarts_each_pod_exactly_once()
         if (kills == 0 && log_restarted) || (kills == 1 && cn_restarting) {
             operator.kill();
             kills += 1;
+            killed_at_steps.push(step.clone());
             generation += 1;
             // The new replica must wait out the old lease, then resume from the record.
             operator = t.operator_with_deployed_rbac(&format!("op-{generation}"));
+            if kills == 2 {
+                t.fault("mo", serde_json::json!({"handover_never_confirms": false}))
+                    .await;
+            }
         }
         assert!(
             start.elapsed() < limit,
@@ -276,6 +286,11 @@ async fn an_upgrade_survives_operator_kills_and_restarts_each_pod_exactly_once()
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    assert!(
+        killed_at_steps.first().is_some_and(|s| s.contains("log"))
+            && killed_at_steps.get(1).is_some_and(|s| s.contains("cn")),
+        "killed in the LOG phase, then in the CN phase: {killed_at_steps:?}"
+    );
     assert_eq!(
         kills, 2,
         "the operator was killed in the LOG and in the CN phase"
@@ -309,44 +324,147 @@ async fn an_upgrade_survives_operator_kills_and_restarts_each_pod_exactly_once()
     assert_no_harm(&report);
 }
 
+/// What two operator replicas were seen doing, sampled every 100 ms for the whole test: both
+/// `/metrics` endpoints and the Lease in the API server.
+#[derive(Default, Debug)]
+struct LeadershipSamples {
+    samples: u64,
+    /// Samples in which both replicas reported `mo_operator_leader 1`.
+    both_lead: u64,
+    /// Samples before the kill in which the standby had reconciled anything.
+    standby_reconciled_before_kill: u64,
+    /// Lease holders in the order seen.
+    holders: Vec<String>,
+}
+
+fn leads(metrics: &str) -> bool {
+    metrics.lines().any(|l| l.trim() == "mo_operator_leader 1")
+}
+
+/// Samples until `stop` is set; `killed` marks the moment the first replica was killed.
+fn sample_leadership(
+    t: &TestNs,
+    ports: [u16; 2],
+    killed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<LeadershipSamples> {
+    use std::sync::atomic::Ordering;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(t.client.clone(), &t.ns);
+    tokio::spawn(async move {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .expect("http client");
+        let mut seen = LeadershipSamples::default();
+        while !stop.load(Ordering::SeqCst) {
+            let was_killed = killed.load(Ordering::SeqCst);
+            let mut texts = Vec::new();
+            for port in ports {
+                let text = match http
+                    .get(format!("http://127.0.0.1:{port}/metrics"))
+                    .send()
+                    .await
+                {
+                    Ok(r) => r.text().await.unwrap_or_default(),
+                    Err(_) => String::new(), // a killed replica answers nothing
+                };
+                texts.push(text);
+            }
+            seen.samples += 1;
+            if texts.iter().filter(|m| leads(m)).count() > 1 {
+                seen.both_lead += 1;
+            }
+            if !was_killed && texts[1].contains("mo_operator_reconciles_total") {
+                seen.standby_reconciled_before_kill += 1;
+            }
+            if let Ok(Some(lease)) = leases.get_opt("mo-operator-leader").await
+                && let Some(holder) = lease.spec.and_then(|s| s.holder_identity)
+                && seen.holders.last() != Some(&holder)
+            {
+                seen.holders.push(holder);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        seen
+    })
+}
+
+/// Events the API server holds for `pod`, with the replica that reported each.
+fn events_about(t: &TestNs, pod: &str) -> Vec<(String, String)> {
+    let out = t.kubectl(&["get", "events", "-n", &t.ns, "-o", "json"]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("events json");
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["message"].as_str().is_some_and(|m| m.contains(pod)))
+        .map(|e| {
+            (
+                e["reportingInstance"].as_str().unwrap_or_default().to_string(),
+                e["message"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn a_drain_resumes_after_an_operator_restart_and_two_replicas_never_act_together() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
     let t = TestNs::new("e2e-drain-restart").await;
     let mut a = t.operator("op-a");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // op-a takes the lease before op-b starts.
+    wait_for("op-a leads", READY_LIMIT, || async {
+        leads(&a.metrics().await).then_some(())
+    })
+    .await;
     let mut b = t.operator("op-b");
+    let killed = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = sample_leadership(&t, [a.metrics_port, b.metrics_port], killed.clone(), stop.clone());
     let mut spec = small_cluster("v1");
     spec["cn"]["groups"] = serde_json::json!([{"name": "tp", "replicas": 3}]);
     t.create("mo", spec).await.expect("create");
     t.wait_ready("mo", READY_LIMIT).await;
-    // Exactly one replica leads.
-    let leads = |metrics: &str| metrics.lines().any(|l| l.trim() == "mo_operator_leader 1");
-    let leaders = |ma: &str, mb: &str| [ma, mb].iter().filter(|m| leads(m)).count();
-    let (ma, mb) = (a.metrics().await, b.metrics().await);
-    assert_eq!(leaders(&ma, &mb), 1, "one leader");
-    assert!(leads(&ma), "the first replica leads");
-    assert!(
-        !mb.contains("mo_operator_reconciles_total"),
-        "the standby never reconciled"
-    );
 
-    // Scale in; kill the leader while the drain is in progress.
-    let victim = t.pods().get("mo-tp-2").await.expect("pod").uid();
+    // The drain cannot finish while the kernel withholds the confirmation: the leader is
+    // killed in the middle of it, deterministically.
+    t.fault("mo", serde_json::json!({"handover_never_confirms": true}))
+        .await;
+    let victim = t
+        .pods()
+        .get("mo-tp-2")
+        .await
+        .expect("pod")
+        .uid()
+        .expect("uid");
     t.patch_spec(
         "mo",
         serde_json::json!({"cn": {"groups": [{"name": "tp", "replicas": 2}]}}),
     )
     .await;
-    wait_for("a drain in progress", READY_LIMIT, || async {
+    wait_for("op-a hands mo-tp-2 over", READY_LIMIT, || async {
         let s = t.cluster("mo").await.status?;
         s.drains
             .iter()
-            .any(|d| d.pod == "mo-tp-2" && d.stage != "MarkDraining")
+            .any(|d| d.pod == "mo-tp-2" && d.pod_uid == victim && d.stage == "HandOver")
             .then_some(())
     })
     .await;
+    killed.store(true, Ordering::SeqCst);
     a.kill();
-    // The standby takes over and finishes the drain it finds in the record.
+    // op-b takes over the drain it finds in the record: the same instance, still waiting.
+    wait_for("op-b leads", READY_LIMIT, || async {
+        leads(&b.metrics().await).then_some(())
+    })
+    .await;
+    assert!(
+        t.pods().get("mo-tp-2").await.expect("pod").uid().as_deref() == Some(victim.as_str()),
+        "nothing released the victim while the kernel withheld the confirmation"
+    );
+    t.fault("mo", serde_json::json!({"handover_never_confirms": false}))
+        .await;
     wait_for("mo-tp-2 removed by the new leader", READY_LIMIT, || async {
         t.pods()
             .get_opt("mo-tp-2")
@@ -357,15 +475,39 @@ async fn a_drain_resumes_after_an_operator_restart_and_two_replicas_never_act_to
     })
     .await;
     assert!(b.alive());
-    assert!(leads(&b.metrics().await));
     t.wait_ready("mo", READY_LIMIT).await;
+    stop.store(true, Ordering::SeqCst);
+    let seen = sampler.await.expect("sampler");
+    assert!(seen.samples > 20, "sampled throughout: {seen:?}");
+    assert_eq!(seen.both_lead, 0, "two replicas led at once: {seen:?}");
+    assert_eq!(
+        seen.standby_reconciled_before_kill, 0,
+        "the standby reconciled while op-a led: {seen:?}"
+    );
+    assert_eq!(
+        seen.holders,
+        ["op-a", "op-b"],
+        "the lease went from op-a to op-b once: {seen:?}"
+    );
+    // The API server's record: the deletion of exactly that instance, by the new leader.
+    let events = events_about(&t, "mo-tp-2");
+    let deletions: Vec<&(String, String)> = events
+        .iter()
+        .filter(|(_, m)| m.starts_with("deleting pod mo-tp-2"))
+        .collect();
+    assert!(
+        !deletions.is_empty()
+            && deletions
+                .iter()
+                .all(|(by, m)| by == "op-b" && m.contains(&format!("(uid {victim})"))),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().all(|(by, _)| by == "op-a" || by == "op-b"),
+        "{events:?}"
+    );
     let report = t.report("mo").await;
     assert_no_harm(&report);
-    let events = t.kubectl(&["get", "events", "-n", &t.ns, "-o", "json"]);
-    let events = String::from_utf8_lossy(&events.stdout).to_string();
-    let deletions = events.matches("deleting pod mo-tp-2").count();
-    assert!(deletions >= 1, "the deletion is reported");
-    assert!(victim.is_some());
     drop(b);
 }
 

@@ -6,9 +6,13 @@ use mo_rpc::{
     Discovery, ErrorKind, HaKeeper, HaKeeperClient, KernelError, LockAllocator,
     LockAllocatorClient, Options, QueryClient, QueryService, RpcError, Service, serve,
 };
+use mo_rpc::frame;
+use prost::Message;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 fn options() -> Options {
@@ -458,42 +462,81 @@ async fn many_calls_in_flight_on_one_connection_get_their_own_answers() {
     assert_eq!(ids.len(), 64);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hakeeper_gone_silent_is_left_for_another_replica() {
-    let silent = Arc::new(Mutex::new(false));
-    let mut addresses = Vec::new();
-    for index in 0..2 {
-        let silent = silent.clone();
-        addresses.push(
-            start::<HaKeeper>(move |request: logservice::Request| {
-                let check = request.method == logservice::MethodType::CheckHakeeper as i32;
-                if index == 0 && !check && *silent.lock().unwrap() {
-                    // Stuck (a partitioned or overloaded store): answers far too late.
-                    std::thread::sleep(Duration::from_millis(800));
+/// A log store hosting a HAKeeper replica that, once `stuck` is set, keeps its connections open
+/// and answers `CHECK_HAKEEPER` ("I am a HAKeeper") but nothing else: a partitioned or overloaded
+/// store whose calls can only time out. It never blocks a runtime thread, so the client's
+/// timer fires on time whatever the scheduler does.
+async fn stuck_hakeeper(stuck: Arc<AtomicBool>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let stuck = stuck.clone();
+            tokio::spawn(async move {
+                let (mut read, mut write) = stream.into_split();
+                let mut buffer = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    while let Some((frame, used)) =
+                        frame::decode(&buffer, frame::DEFAULT_MAX_BODY).unwrap()
+                    {
+                        buffer.drain(..used);
+                        let request = logservice::Request::decode(frame.body.as_slice()).unwrap();
+                        let check = request.method == logservice::MethodType::CheckHakeeper as i32;
+                        if stuck.load(Ordering::SeqCst) && !check {
+                            continue; // read, never answered
+                        }
+                        let response = logservice::Response {
+                            request_id: request.request_id,
+                            method: request.method,
+                            is_ha_keeper: true,
+                            ..Default::default()
+                        };
+                        let answer = frame::Frame::message(
+                            response.encode_to_vec(),
+                            frame.timeout_ns.unwrap_or(0),
+                            true,
+                        );
+                        if write.write_all(&frame::encode(&answer)).await.is_err() {
+                            return;
+                        }
+                    }
+                    match read.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                    }
                 }
-                Some(logservice::Response {
-                    request_id: request.request_id,
-                    method: request.method,
-                    is_ha_keeper: true,
-                    ..Default::default()
-                })
+            });
+        }
+    });
+    address
+}
+
+#[tokio::test]
+async fn a_hakeeper_gone_silent_is_left_for_another_replica() {
+    let stuck = Arc::new(AtomicBool::new(false));
+    let addresses = vec![
+        stuck_hakeeper(stuck.clone()).await,
+        start::<HaKeeper>(|request: logservice::Request| {
+            Some(logservice::Response {
+                request_id: request.request_id,
+                method: request.method,
+                is_ha_keeper: true,
+                ..Default::default()
             })
-            .await,
-        );
-    }
-    let client = HaKeeperClient::new(
-        Discovery::Addresses(addresses.clone()),
-        Options {
-            timeout: Duration::from_millis(300),
-            ..Options::default()
-        },
-    );
+        })
+        .await,
+    ];
+    // Long enough that an answering replica always answers in time on a loaded machine; the
+    // stuck one never answers, so its call is a timeout whatever this bound is.
+    let client = HaKeeperClient::new(Discovery::Addresses(addresses.clone()), options());
     client.get_cluster_state().await.unwrap();
     assert_eq!(
         client.connected_to().await.as_deref(),
         Some(addresses[0].as_str())
     );
-    *silent.lock().unwrap() = true;
+    stuck.store(true, Ordering::SeqCst);
+    // One call, one replica: the timed-out call is reported, not retried elsewhere.
     let e = client.get_cluster_state().await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
     assert_eq!(
@@ -501,7 +544,8 @@ async fn a_hakeeper_gone_silent_is_left_for_another_replica() {
         None,
         "a silent HAKeeper is forgotten"
     );
-    // The replica that failed is probed last: the next call goes to the other one.
+    // The replica that failed is probed last: the next call goes to the other one, although
+    // the stuck one still says it is a HAKeeper.
     client.get_cluster_state().await.unwrap();
     assert_eq!(
         client.connected_to().await.as_deref(),

@@ -53,9 +53,18 @@ pub struct ControlPlane {
     /// Where the binaries are (kubectl included), when we built them.
     bin_dir: Option<PathBuf>,
     server: String,
+    /// How long starting etcd, kube-apiserver and kube-controller-manager took (None: an
+    /// existing cluster was adopted).
+    started_in: Option<Duration>,
 }
 
 impl ControlPlane {
+    /// From the first process spawned to the controller manager serving (None when an
+    /// existing cluster named by `KUBECONFIG` is used).
+    pub fn started_in(&self) -> Option<Duration> {
+        self.started_in
+    }
+
     /// The kubeconfig file for clients (the operator, kubectl, the fake kubelet).
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
@@ -124,6 +133,7 @@ pub fn start() -> Result<ControlPlane, TestEnvError> {
             dir: None,
             bin_dir: None,
             server,
+            started_in: None,
         });
     }
     let bin = binaries()?;
@@ -197,6 +207,7 @@ pub fn start() -> Result<ControlPlane, TestEnvError> {
         ])
     .log_to(&dir, "kube-controller-manager");
     let spawner = Spawner::get();
+    let start = Instant::now();
     let etcd_pid = spawner.spawn(etcd)?;
     wait_tcp(etcd_client, "etcd", etcd_pid, &dir.join("etcd.log"))?;
     let apiserver_pid = spawner.spawn(apiserver)?;
@@ -208,11 +219,17 @@ pub fn start() -> Result<ControlPlane, TestEnvError> {
         kcm_pid,
         &dir.join("kube-controller-manager.log"),
     )?;
+    let started_in = start.elapsed();
+    eprintln!(
+        "mo-testenv: control plane (etcd, kube-apiserver, kube-controller-manager) ready in {:.1} s",
+        started_in.as_secs_f64()
+    );
     Ok(ControlPlane {
         kubeconfig,
         dir: Some(dir),
         bin_dir: Some(bin),
         server,
+        started_in: Some(started_in),
     })
 }
 
