@@ -68,6 +68,8 @@ pub(crate) struct ClusterState {
     templates: Option<BTreeMap<String, String>>,
     /// Budgets last applied (applied again only when they change).
     budgets: Option<BTreeMap<Component, crate::protection::Budget>>,
+    /// The LOG bootstrap decision this process last recorded (the cached status may lag).
+    bootstrap: Option<crate::crd::LogBootstrap>,
 }
 
 pub struct Context {
@@ -299,8 +301,37 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
     }
     state.templates = Some(templates.clone());
 
+    // The LOG bootstrap is decided once and recorded before any LOG pod can start with it.
+    let bootstrap = match state
+        .bootstrap
+        .clone()
+        .or_else(|| previous.log_bootstrap.clone())
+    {
+        Some(b) => b,
+        None => {
+            let b = resources::initial_log_bootstrap(&cluster);
+            patch_status_value(&api, &name, serde_json::json!({"logBootstrap": b})).await?;
+            b
+        }
+    };
+    state.bootstrap = Some(bootstrap.clone());
+    // A configuration the kernel cannot read (a bad override) stops here, naming the field.
+    let config_map = match resources::config_map(&cluster, Some(&bootstrap)) {
+        Ok(c) => c,
+        Err(e) => {
+            let status = status::invalid_spec(&cluster, &previous, &e.to_string());
+            if state.last_status.as_ref() != Some(&status) {
+                patch_status(&api, &name, &status).await?;
+                ctx.event(&cluster, EventType::Warning, "InvalidSpec", e.to_string())
+                    .await;
+                state.last_status = Some(status);
+            }
+            return Ok(Requeue::requeue(ctx.settings.tick * 10));
+        }
+    };
+
     let pods = pods_of_cluster(&ctx, &ns, &name);
-    ensure_children(&cluster, &templates, &pods, &mut state, &ctx).await?;
+    ensure_children(&cluster, &templates, config_map, &pods, &mut state, &ctx).await?;
 
     let nodes: Vec<Node> = ctx.nodes.state().iter().map(|n| (**n).clone()).collect();
     let kernel = ctx.kernel.kernel_view(&ns, &name, &pods).await;
@@ -310,6 +341,30 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
             .get_or_create(&cluster_labels(&cluster))
             .inc();
     }
+    if !bootstrap.done
+        && let Ok(details) = kernel.hakeeper.as_ref()
+        && bootstrapped(details, &bootstrap)
+    {
+        // HAKeeper serves the cluster: later LOG pods start without the bootstrap settings.
+        let done = crate::crd::LogBootstrap {
+            done: true,
+            ..bootstrap.clone()
+        };
+        patch_status_value(&api, &name, serde_json::json!({"logBootstrap": done})).await?;
+        ctx.event(
+            &cluster,
+            EventType::Normal,
+            "Bootstrapped",
+            format!(
+                "HAKeeper serves the cluster ({}); LOG pods start without the bootstrap settings from now on",
+                bootstrap.members.join(", ")
+            ),
+        )
+        .await;
+        state.bootstrap = Some(done);
+    }
+    let missing_classes = missing_storage_classes(&ctx, &cluster).await;
+    let problems = crate::problems::find(&cluster, &pods, &missing_classes);
     let now = now_millis();
     let observation = observation::build(now, &cluster, &pods, &nodes, kernel, strategy);
     let results = std::mem::take(&mut state.results);
@@ -328,7 +383,16 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
             templates.insert(component.as_str().to_string(), version.clone());
         }
     }
-    let new_status = status::build(&cluster, &previous, &observation, policy, &templates, &pods);
+    let mut new_status = status::build(
+        &cluster,
+        &previous,
+        &observation,
+        policy,
+        &templates,
+        &pods,
+        &problems,
+    );
+    new_status.log_bootstrap = state.bootstrap.clone();
     if state.last_status.as_ref() != Some(&new_status) || !decision.actions.is_empty() {
         patch_status(&api, &name, &new_status).await?;
         state.last_status = Some(new_status.clone());
@@ -432,6 +496,45 @@ async fn patch_status(
     Ok(())
 }
 
+/// Merges `fields` into the status (one field recorded on its own, before acting on it).
+async fn patch_status_value(
+    api: &Api<MatrixOneCluster>,
+    name: &str,
+    fields: serde_json::Value,
+) -> Result<(), Error> {
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "status": fields })),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Every initial HAKeeper member runs its replica and every log shard exists: the bootstrap
+/// is over.
+fn bootstrapped(details: &mo_core::ClusterDetails, bootstrap: &crate::crd::LogBootstrap) -> bool {
+    let hakeeper = details.log_shards.iter().find(|s| s.shard_id == 0);
+    let members_up = hakeeper.is_some_and(|s| {
+        s.replicas.iter().filter(|r| r.up).count() >= bootstrap.members.len()
+    });
+    let shards = details.log_shards.iter().filter(|s| s.shard_id != 0).count();
+    members_up && shards >= bootstrap.shards.max(1) as usize
+}
+
+/// The storage classes the spec names that the API server does not have (a failed read
+/// reports nothing: it is not evidence).
+async fn missing_storage_classes(ctx: &Context, cluster: &MatrixOneCluster) -> Vec<String> {
+    let api: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(ctx.client.clone());
+    let mut missing = Vec::new();
+    for (_, class) in crate::problems::storage_classes(cluster) {
+        if let Ok(None) = api.get_opt(&class).await {
+            missing.push(class);
+        }
+    }
+    missing
+}
+
 fn hash_of(value: &impl Serialize) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -446,6 +549,7 @@ fn hash_of(value: &impl Serialize) -> u64 {
 async fn ensure_children(
     cluster: &MatrixOneCluster,
     templates: &BTreeMap<String, String>,
+    config: ConfigMap,
     pods: &[Pod],
     state: &mut ClusterState,
     ctx: &Context,
@@ -461,8 +565,8 @@ async fn ensure_children(
     let services: Vec<Service> = Component::ALL
         .iter()
         .map(|c| resources::headless_service(cluster, *c))
+        .chain(std::iter::once(resources::sql_service(cluster)))
         .collect();
-    let config = resources::config_map(cluster);
     let sets: Vec<StatefulSet> = [Component::Log, Component::Tn, Component::Proxy]
         .iter()
         .map(|c| resources::statefulset(cluster, *c, &version_of(*c)))

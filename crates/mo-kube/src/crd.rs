@@ -3,6 +3,10 @@
 //! Validation lives in the schema so the API server refuses a bad spec with a message naming
 //! the field: OpenAPI bounds and patterns per field, CEL rules where a rule spans fields.
 
+use k8s_openapi::api::core::v1::{
+    Affinity, LocalObjectReference, ResourceRequirements, Toleration, TopologySpreadConstraint,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use mo_core::{Component, Millis, OnStall, SafeConfig, Strategy};
@@ -40,6 +44,11 @@ pub struct MatrixOneClusterSpec {
     #[serde(default = "default_image")]
     #[schemars(length(min = 1))]
     pub image: String,
+    /// The pods' image pull policy (Kubernetes' default when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
     pub log: LogSpec,
     #[serde(default)]
     pub tn: TnSpec,
@@ -47,10 +56,212 @@ pub struct MatrixOneClusterSpec {
     pub cn: CnSpec,
     #[serde(default)]
     pub proxy: ProxySpec,
+    /// Where the cluster's data lives (the kernel's SHARED and ETL file services): every LOG,
+    /// TN and CN reads and writes it.
+    pub shared_storage: SharedStorage,
+    /// The client Service in front of the proxies (or of the CNs when there is no proxy).
+    #[serde(default)]
+    pub sql_service: SqlServiceSpec,
+    /// The initial password of `root` (and `dump`), read when the cluster is first created
+    /// (the kernel's default, `111`, when unset). Changing it later changes nothing: use
+    /// `ALTER USER`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_password_secret: Option<SecretKeyRef>,
     #[serde(default)]
     pub upgrade: UpgradeSettings,
     #[serde(default)]
     pub drain: DrainSettings,
+}
+
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+impl PullPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullPolicy::Always => "Always",
+            PullPolicy::IfNotPresent => "IfNotPresent",
+            PullPolicy::Never => "Never",
+        }
+    }
+}
+
+/// One key of a Secret in the cluster's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// Settings every role's pods take (LOG, TN, each CN group, proxy).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSettings {
+    /// CPU and memory; `GOMEMLIMIT` is set to 90% of the memory limit. Without requests the
+    /// pods are BestEffort, the first to go under node pressure (an eviction no webhook sees).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Replaces the default (LOG replicas prefer different nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+    /// TOML merged over the configuration the operator renders for this role; its values win
+    /// (a table is merged key by key). Read by the kernel when a pod starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 65536))]
+    pub config: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_annotations: BTreeMap<String, String>,
+}
+
+/// A PersistentVolumeClaim per pod.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSpec {
+    #[serde(default = "default_volume_size")]
+    pub size: Quantity,
+    /// The cluster's default StorageClass when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+    /// What happens to the claims when the cluster is deleted or scaled down.
+    #[serde(default)]
+    pub retention: Retention,
+}
+
+impl Default for VolumeSpec {
+    fn default() -> Self {
+        VolumeSpec {
+            size: default_volume_size(),
+            storage_class_name: None,
+            retention: Retention::Retain,
+        }
+    }
+}
+
+fn default_volume_size() -> Quantity {
+    Quantity("10Gi".into())
+}
+
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Retention {
+    /// Keep the claims (and the data): a cluster created again with the same name finds them.
+    #[default]
+    Retain,
+    Delete,
+}
+
+/// Exactly one of `s3` or `fileSystem`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.s3) != has(self.fileSystem)").message("spec.sharedStorage: set exactly one of s3 or fileSystem"))]
+pub struct SharedStorage {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Storage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_system: Option<FileSystemStorage>,
+}
+
+/// S3 or an S3-compatible store (MinIO, …). The bucket must exist: the kernel checks it at start.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct S3Storage {
+    /// E.g. `https://s3.us-east-1.amazonaws.com` or `http://minio.minio.svc:9000`.
+    #[schemars(length(min = 1), regex(pattern = r"^https?://[^\s/]+(/.*)?$"))]
+    pub endpoint: String,
+    #[schemars(length(min = 3, max = 63))]
+    pub bucket: String,
+    /// Key prefix of every object of this cluster (default: `<namespace>/<cluster>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// A Secret with the access key id and secret key. Unset: the pods' own identity
+    /// (e.g. IAM roles for service accounts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<S3Credentials>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct S3Credentials {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[serde(default = "default_access_key_id_key")]
+    pub access_key_id_key: String,
+    #[serde(default = "default_secret_access_key_key")]
+    pub secret_access_key_key: String,
+}
+
+fn default_access_key_id_key() -> String {
+    "AWS_ACCESS_KEY_ID".into()
+}
+fn default_secret_access_key_key() -> String {
+    "AWS_SECRET_ACCESS_KEY".into()
+}
+
+/// A directory every pod sees at the same path: a node's directory (`hostPath`), so only for
+/// single-node clusters, tests and demos.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FileSystemStorage {
+    #[schemars(length(min = 2), regex(pattern = r"^/"))]
+    pub path: String,
+}
+
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ServiceType {
+    #[default]
+    ClusterIP,
+    NodePort,
+    LoadBalancer,
+}
+
+impl ServiceType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceType::ClusterIP => "ClusterIP",
+            ServiceType::NodePort => "NodePort",
+            ServiceType::LoadBalancer => "LoadBalancer",
+        }
+    }
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SqlServiceSpec {
+    #[serde(default, rename = "type")]
+    pub type_: ServiceType,
+    #[serde(default = "default_sql_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl Default for SqlServiceSpec {
+    fn default() -> Self {
+        SqlServiceSpec {
+            type_: ServiceType::ClusterIP,
+            port: default_sql_port(),
+            annotations: BTreeMap::new(),
+        }
+    }
+}
+
+fn default_sql_port() -> i32 {
+    6001
 }
 
 fn default_image() -> String {
@@ -69,6 +280,11 @@ pub struct LogSpec {
     #[schemars(range(min = 1, max = 64))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.log.shards is immutable"))]
     pub shards: i32,
+    /// Every LOG store keeps its Raft data here (a store restarted empty cannot rejoin).
+    #[serde(default)]
+    pub storage: VolumeSpec,
+    #[serde(flatten)]
+    pub pods: PodSettings,
 }
 
 fn one() -> i32 {
@@ -82,11 +298,20 @@ pub struct TnSpec {
     #[serde(default = "one")]
     #[schemars(range(min = 1, max = 1))]
     pub replicas: i32,
+    /// The TN's local file service (its LOCAL data) lives here across restarts.
+    #[serde(default)]
+    pub storage: VolumeSpec,
+    #[serde(flatten)]
+    pub pods: PodSettings,
 }
 
 impl Default for TnSpec {
     fn default() -> Self {
-        TnSpec { replicas: 1 }
+        TnSpec {
+            replicas: 1,
+            storage: VolumeSpec::default(),
+            pods: PodSettings::default(),
+        }
     }
 }
 
@@ -110,6 +335,8 @@ pub struct CnGroupSpec {
     /// Lowering it removes the highest ordinals, each only after its drain is confirmed.
     #[schemars(range(min = 0, max = 256))]
     pub replicas: i32,
+    #[serde(flatten)]
+    pub pods: PodSettings,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -118,11 +345,16 @@ pub struct ProxySpec {
     #[serde(default = "one")]
     #[schemars(range(min = 0, max = 64))]
     pub replicas: i32,
+    #[serde(flatten)]
+    pub pods: PodSettings,
 }
 
 impl Default for ProxySpec {
     fn default() -> Self {
-        ProxySpec { replicas: 1 }
+        ProxySpec {
+            replicas: 1,
+            pods: PodSettings::default(),
+        }
     }
 }
 
@@ -275,6 +507,26 @@ pub struct MatrixOneClusterStatus {
     /// The decision core's progress record, persisted before any of its actions is taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<String>,
+    /// The LOG bootstrap decision, recorded before the first LOG pod is created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_bootstrap: Option<LogBootstrap>,
+}
+
+/// Taken once per cluster: the initial HAKeeper members. Until HAKeeper is seen serving the
+/// cluster, LOG pods start with the bootstrap settings; after that never again, so a LOG store
+/// recreated empty waits to be repaired instead of founding a cluster of its own.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LogBootstrap {
+    /// `replicaID:storeUUID` of each initial HAKeeper replica.
+    pub members: Vec<String>,
+    /// Replicas of every log shard.
+    pub replicas: i32,
+    /// Log shards besides HAKeeper's.
+    pub shards: i32,
+    /// HAKeeper was seen serving the cluster: the bootstrap is over.
+    #[serde(default)]
+    pub done: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
@@ -464,6 +716,7 @@ mod tests {
         let spec: MatrixOneClusterSpec = serde_json::from_value(serde_json::json!({
             "version": "v1",
             "log": {"replicas": 3},
+            "sharedStorage": {"fileSystem": {"path": "/tmp/mo-shared"}},
             "cn": {"groups": [{"name": "a", "replicas": 1}]},
             "upgrade": {"strategy": {"log": ["proxy"], "proxy": ["cn"], "cn": ["log"]}}
         }))

@@ -213,6 +213,7 @@ mod tests {
         let spec: MatrixOneClusterSpec = serde_json::from_value(serde_json::json!({
             "version": "v2",
             "log": {"replicas": 3},
+            "sharedStorage": {"fileSystem": {"path": "/tmp/mo-shared"}},
             "cn": {"groups": [{"name": "tp", "replicas": replicas}]},
         }))
         .expect("valid");

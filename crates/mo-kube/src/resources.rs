@@ -6,14 +6,22 @@
 //! pod on its own. The decision core chooses each restart; the template's version changes
 //! only when the core restarts a pod of that component.
 
-use crate::crd::{GROUP, MatrixOneCluster};
-use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy};
+use crate::crd::{GROUP, LogBootstrap, MatrixOneCluster, PodSettings, Retention, VolumeSpec};
+use crate::kernel_config::{self, CONFIG_DIR, DATA_DIR, SHARED_DIR, START_SCRIPT};
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+    StatefulSetUpdateStrategy,
+};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
-    Lifecycle, LifecycleHandler, ObjectFieldSelector, Pod, PodSpec, PodTemplateSpec, Service,
-    ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
+    Affinity, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, ExecAction, HostPathVolumeSource, Lifecycle, LifecycleHandler,
+    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodAffinityTerm,
+    PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, SecretKeySelector, Service, ServicePort,
+    ServiceSpec, TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements,
+    WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 use mo_core::Component;
 use std::collections::BTreeMap;
@@ -26,18 +34,10 @@ pub const LABEL_PREPULL: &str = "ops.matrixorigin.io/prepull";
 pub const MANAGED_BY: &str = "mo-operator";
 /// The pod annotation carrying the MatrixOne version the pod was created with.
 pub const ANNOTATION_VERSION: &str = "ops.matrixorigin.io/version";
-/// Toleration that lets pods run on the simulated nodes of the e2e data plane.
-pub const SIMULATED_TAINT: &str = "ops.matrixorigin.io/simulated";
 
-/// Ports the kernel listens on (see the reference: 32001 HAKeeper, 6003 lock service, …).
-fn ports(component: Component) -> Vec<(&'static str, i32)> {
-    match component {
-        Component::Log => vec![("hakeeper", 32001), ("log", 32000)],
-        Component::Tn => vec![("txn", 41010), ("lock-alloc", 41011)],
-        Component::Cn => vec![("sql", 6001), ("lock", 6003), ("query", 6005)],
-        Component::Proxy => vec![("sql", 6009)],
-    }
-}
+const CONFIG_VOLUME: &str = "config";
+const DATA_VOLUME: &str = "data";
+const SHARED_VOLUME: &str = "shared";
 
 pub fn owner_reference(cluster: &MatrixOneCluster) -> OwnerReference {
     cluster
@@ -75,9 +75,16 @@ fn meta(cluster: &MatrixOneCluster, name: String, component: Option<Component>) 
                 (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
             ]),
         }),
-        owner_references: Some(vec![owner_reference(cluster)]),
+        owner_references: owner_references(cluster),
         ..ObjectMeta::default()
     }
+}
+
+/// The cluster as the owner of what it makes; none for a cluster not stored yet (`render`:
+/// objects reviewed or applied by GitOps before the operator ever saw the cluster).
+fn owner_references(cluster: &MatrixOneCluster) -> Option<Vec<OwnerReference>> {
+    cluster.metadata.uid.as_ref()?;
+    Some(vec![owner_reference(cluster)])
 }
 
 pub fn image(cluster: &MatrixOneCluster, version: &str) -> String {
@@ -103,9 +110,30 @@ pub fn pod_name(cluster: &str, short: &str) -> String {
     format!("{cluster}-{short}")
 }
 
+/// The settings of a role's pods (a CN group's for CN pods).
+pub fn pod_settings<'a>(
+    cluster: &'a MatrixOneCluster,
+    component: Component,
+    group: Option<&str>,
+) -> Option<&'a PodSettings> {
+    let spec = &cluster.spec;
+    match component {
+        Component::Log => Some(&spec.log.pods),
+        Component::Tn => Some(&spec.tn.pods),
+        Component::Proxy => Some(&spec.proxy.pods),
+        Component::Cn => spec
+            .cn
+            .groups
+            .iter()
+            .find(|g| Some(g.name.as_str()) == group)
+            .map(|g| &g.pods),
+    }
+}
+
 fn pod_template(
     cluster: &MatrixOneCluster,
     component: Component,
+    group: Option<&str>,
     version: &str,
     extra_labels: &[(&str, &str)],
 ) -> PodTemplateSpec {
@@ -114,40 +142,237 @@ fn pod_template(
     for (k, v) in extra_labels {
         labels.insert((*k).into(), (*v).into());
     }
+    let mut annotations = pod_settings(cluster, component, group)
+        .map(|p| p.pod_annotations.clone())
+        .unwrap_or_default();
+    annotations.insert(ANNOTATION_VERSION.to_string(), version.to_string());
+    // Born pinned for autoscalers: the operator lifts the hints once moving is safe, so a
+    // failed or late update never leaves a new pod unprotected.
+    annotations.insert(
+        crate::protection::DO_NOT_DISRUPT.to_string(),
+        "true".to_string(),
+    );
+    annotations.insert(
+        crate::protection::SAFE_TO_EVICT.to_string(),
+        "false".to_string(),
+    );
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels),
-            // Born pinned for autoscalers: the operator lifts the hints once moving is safe,
-            // so a failed or late update never leaves a new pod unprotected.
-            annotations: Some(BTreeMap::from([
-                (ANNOTATION_VERSION.to_string(), version.to_string()),
-                (
-                    crate::protection::DO_NOT_DISRUPT.to_string(),
-                    "true".to_string(),
-                ),
-                (
-                    crate::protection::SAFE_TO_EVICT.to_string(),
-                    "false".to_string(),
-                ),
-            ])),
+            annotations: Some(annotations),
             ..ObjectMeta::default()
         }),
-        spec: Some(pod_spec(cluster, component, version)),
+        spec: Some(pod_spec(cluster, component, group, version)),
     }
 }
 
-fn pod_spec(cluster: &MatrixOneCluster, component: Component, version: &str) -> PodSpec {
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+fn literal_env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..EnvVar::default()
+    }
+}
+
+fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.into(),
+                key: key.into(),
+                optional: Some(false),
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+/// Bytes of a Kubernetes quantity (`2Gi`, `1500M`, `2048`); `None` for what it cannot read.
+pub fn quantity_bytes(q: &str) -> Option<u64> {
+    let q = q.trim();
+    let split = q
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(q.len());
+    let (number, suffix) = q.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let factor: f64 = match suffix {
+        "" => 1.0,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024.0,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        _ => return None,
+    };
+    Some((number * factor) as u64)
+}
+
+/// What every MatrixOne container is given: its identity from the downward API, its role's
+/// configuration file, how its UUID is formed, the memory limit for Go's collector, and the
+/// credentials the spec names.
+fn kernel_env(cluster: &MatrixOneCluster, component: Component, group: Option<&str>) -> Vec<EnvVar> {
+    let mut env = vec![
+        field_env("POD_NAME", "metadata.name"),
+        field_env("POD_NAMESPACE", "metadata.namespace"),
+        field_env("POD_IP", "status.podIP"),
+        literal_env("MO_CONFIG", kernel_config::config_key(component, group)),
+    ];
+    if let Some(digit) = mo_core::component::store_uuid_digit(component) {
+        env.push(literal_env("MO_UUID_DIGIT", digit.to_string()));
+    }
+    let memory_limit = pod_settings(cluster, component, group)
+        .and_then(|p| p.resources.as_ref())
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|l| l.get("memory"))
+        .and_then(|q| quantity_bytes(&q.0));
+    if let Some(limit) = memory_limit {
+        // Go's collector works to stay under this: 90% leaves room for what it does not count.
+        env.push(literal_env("GOMEMLIMIT", format!("{}", limit / 10 * 9)));
+    }
+    if let Some(s3) = &cluster.spec.shared_storage.s3 {
+        if let Some(c) = &s3.credentials_secret {
+            env.push(secret_env("AWS_ACCESS_KEY_ID", &c.name, &c.access_key_id_key));
+            env.push(secret_env(
+                "AWS_SECRET_ACCESS_KEY",
+                &c.name,
+                &c.secret_access_key_key,
+            ));
+        }
+        if let Some(region) = &s3.region {
+            env.push(literal_env("AWS_REGION", region.clone()));
+        }
+    }
+    if component == Component::Cn
+        && let Some(secret) = &cluster.spec.root_password_secret
+    {
+        // Read by the CN that creates the catalog (the kernel's DEFAULT_PASSWORD).
+        env.push(secret_env("DEFAULT_PASSWORD", &secret.name, &secret.key));
+    }
+    env
+}
+
+/// LOG replicas prefer different nodes (a node lost takes one replica, not a majority).
+fn default_affinity(cluster: &MatrixOneCluster, component: Component) -> Option<Affinity> {
+    (component == Component::Log).then(|| {
+        let name = cluster.metadata.name.clone().unwrap_or_default();
+        Affinity {
+            pod_anti_affinity: Some(PodAntiAffinity {
+                preferred_during_scheduling_ignored_during_execution: Some(vec![
+                    WeightedPodAffinityTerm {
+                        weight: 100,
+                        pod_affinity_term: PodAffinityTerm {
+                            label_selector: Some(LabelSelector {
+                                match_labels: Some(selector(&name, component)),
+                                ..LabelSelector::default()
+                            }),
+                            topology_key: "kubernetes.io/hostname".into(),
+                            ..PodAffinityTerm::default()
+                        },
+                    },
+                ]),
+                ..PodAntiAffinity::default()
+            }),
+            ..Affinity::default()
+        }
+    })
+}
+
+fn pod_spec(
+    cluster: &MatrixOneCluster,
+    component: Component,
+    group: Option<&str>,
+    version: &str,
+) -> PodSpec {
     let name = cluster.metadata.name.clone().unwrap_or_default();
+    let settings = pod_settings(cluster, component, group)
+        .cloned()
+        .unwrap_or_default();
+    let mut mounts = vec![
+        VolumeMount {
+            name: CONFIG_VOLUME.into(),
+            mount_path: CONFIG_DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        },
+        VolumeMount {
+            name: DATA_VOLUME.into(),
+            mount_path: DATA_DIR.into(),
+            ..VolumeMount::default()
+        },
+    ];
+    let mut volumes = vec![Volume {
+        name: CONFIG_VOLUME.into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: config_map_name(&name),
+            default_mode: Some(0o755),
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    }];
+    // LOG and TN keep their data on claims (volumeClaimTemplates); CN and proxy on the pod.
+    if matches!(component, Component::Cn | Component::Proxy) {
+        volumes.push(Volume {
+            name: DATA_VOLUME.into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        });
+    }
+    if let Some(fs) = &cluster.spec.shared_storage.file_system
+        && component != Component::Proxy
+    {
+        mounts.push(VolumeMount {
+            name: SHARED_VOLUME.into(),
+            mount_path: SHARED_DIR.into(),
+            ..VolumeMount::default()
+        });
+        volumes.push(Volume {
+            name: SHARED_VOLUME.into(),
+            host_path: Some(HostPathVolumeSource {
+                path: fs.path.clone(),
+                type_: Some("DirectoryOrCreate".into()),
+            }),
+            ..Volume::default()
+        });
+    }
     PodSpec {
         containers: vec![Container {
             name: "main".into(),
             image: Some(image(cluster, version)),
-            args: Some(vec![
-                "-launch".into(),
-                format!("/etc/matrixone/{}.toml", component.as_str()),
+            image_pull_policy: cluster
+                .spec
+                .image_pull_policy
+                .map(|p| p.as_str().to_string()),
+            // The image's entrypoint launches a demo cluster: the command is ours.
+            command: Some(vec![
+                "/bin/sh".into(),
+                format!("{CONFIG_DIR}/{START_SCRIPT}"),
             ]),
+            env: Some(kernel_env(cluster, component, group)),
             ports: Some(
-                ports(component)
+                kernel_config::ports(component)
                     .into_iter()
                     .map(|(n, p)| ContainerPort {
                         name: Some(n.into()),
@@ -156,21 +381,62 @@ fn pod_spec(cluster: &MatrixOneCluster, component: Component, version: &str) -> 
                     })
                     .collect(),
             ),
+            // Ready once the kernel serves the role's port (LOG: the log service; TN: the
+            // transaction service; CN and proxy: SQL).
+            readiness_probe: Some(Probe {
+                tcp_socket: Some(TCPSocketAction {
+                    port: IntOrString::Int(kernel_config::readiness_port(component)),
+                    ..TCPSocketAction::default()
+                }),
+                period_seconds: Some(5),
+                failure_threshold: Some(3),
+                ..Probe::default()
+            }),
+            resources: settings.resources.clone(),
+            volume_mounts: Some(mounts),
+            working_dir: Some(DATA_DIR.into()),
+            // A kernel that exits at start (a missing bucket, bad credentials) says why in
+            // the container's last state, where the operator reads it.
+            termination_message_policy: Some("FallbackToLogsOnError".into()),
             ..Container::default()
         }],
+        volumes: Some(volumes),
         subdomain: Some(headless_service_name(&name, component)),
         // Long enough for a CN to hand its lock tables over after SIGTERM.
         termination_grace_period_seconds: Some(match component {
             Component::Cn => 600,
             _ => 120,
         }),
-        tolerations: Some(vec![Toleration {
-            key: Some(SIMULATED_TAINT.into()),
-            operator: Some("Exists".into()),
-            effect: Some("NoSchedule".into()),
-            ..Toleration::default()
-        }]),
+        node_selector: (!settings.node_selector.is_empty()).then(|| settings.node_selector.clone()),
+        affinity: settings
+            .affinity
+            .clone()
+            .or_else(|| default_affinity(cluster, component)),
+        tolerations: (!settings.tolerations.is_empty()).then(|| settings.tolerations.clone()),
+        topology_spread_constraints: (!settings.topology_spread_constraints.is_empty())
+            .then(|| settings.topology_spread_constraints.clone()),
+        image_pull_secrets: (!cluster.spec.image_pull_secrets.is_empty())
+            .then(|| cluster.spec.image_pull_secrets.clone()),
         ..PodSpec::default()
+    }
+}
+
+fn claim_template(spec: &VolumeSpec) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(DATA_VOLUME.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            storage_class_name: spec.storage_class_name.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([("storage".to_string(), spec.size.clone())])),
+                ..VolumeResourceRequirements::default()
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        status: None,
     }
 }
 
@@ -182,6 +448,11 @@ pub fn statefulset(cluster: &MatrixOneCluster, component: Component, version: &s
         Component::Tn => cluster.spec.tn.replicas,
         Component::Proxy => cluster.spec.proxy.replicas,
         Component::Cn => unreachable!("CN pods are created by the operator"),
+    };
+    let storage = match component {
+        Component::Log => Some(&cluster.spec.log.storage),
+        Component::Tn => Some(&cluster.spec.tn.storage),
+        _ => None,
     };
     StatefulSet {
         metadata: meta(cluster, statefulset_name(&name, component), Some(component)),
@@ -197,7 +468,18 @@ pub fn statefulset(cluster: &MatrixOneCluster, component: Component, version: &s
                 match_labels: Some(selector(&name, component)),
                 ..LabelSelector::default()
             },
-            template: pod_template(cluster, component, version, &[]),
+            template: pod_template(cluster, component, None, version, &[]),
+            volume_claim_templates: storage.map(|s| vec![claim_template(s)]),
+            persistent_volume_claim_retention_policy: storage.map(|s| {
+                let policy = match s.retention {
+                    Retention::Retain => "Retain",
+                    Retention::Delete => "Delete",
+                };
+                StatefulSetPersistentVolumeClaimRetentionPolicy {
+                    when_deleted: Some(policy.into()),
+                    when_scaled: Some(policy.into()),
+                }
+            }),
             ..StatefulSetSpec::default()
         },
         status: None,
@@ -225,20 +507,6 @@ const HOOK_VOLUME: &str = "mo-operator-hook";
 
 pub const ENV_HOOK_ENDPOINT: &str = "MO_OPERATOR_ENDPOINT";
 
-fn field_env(name: &str, path: &str) -> EnvVar {
-    EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector {
-                field_path: path.into(),
-                ..ObjectFieldSelector::default()
-            }),
-            ..EnvVarSource::default()
-        }),
-        ..EnvVar::default()
-    }
-}
-
 pub fn cn_pod(
     cluster: &MatrixOneCluster,
     group: &str,
@@ -247,14 +515,28 @@ pub fn cn_pod(
     hook: Option<&DrainHook>,
 ) -> Pod {
     let name = cluster.metadata.name.clone().unwrap_or_default();
-    let template = pod_template(cluster, Component::Cn, version, &[(LABEL_CN_GROUP, group)]);
+    let template = pod_template(
+        cluster,
+        Component::Cn,
+        Some(group),
+        version,
+        &[(LABEL_CN_GROUP, group)],
+    );
     let short = format!("{group}-{ordinal}");
+    let full_name = pod_name(&name, &short);
     let mut metadata = template.metadata.unwrap_or_default();
-    metadata.name = Some(pod_name(&name, &short));
+    metadata.name = Some(full_name.clone());
     metadata.namespace = cluster.metadata.namespace.clone();
-    metadata.owner_references = Some(vec![owner_reference(cluster)]);
+    metadata.owner_references = owner_references(cluster);
     let mut spec = template.spec.unwrap_or_default();
-    spec.hostname = Some(pod_name(&name, &short));
+    spec.hostname = Some(full_name.clone());
+    if let Some(container) = spec.containers.first_mut() {
+        // The operator names each CN; its adapter finds the CN's HAKeeper record by this.
+        container.env.get_or_insert_with(Vec::new).push(literal_env(
+            "MO_UUID",
+            mo_core::component::cn_uuid(&full_name),
+        ));
+    }
     // Sized for the drain: the hook waits (at most this long) for this instance's confirmation.
     spec.termination_grace_period_seconds = Some(
         crate::crd::parse_go_duration(&cluster.spec.drain.grace_period)
@@ -266,11 +548,11 @@ pub fn cn_pod(
             mount_path: HOOK_DIR.into(),
             ..VolumeMount::default()
         };
-        spec.volumes = Some(vec![Volume {
+        spec.volumes.get_or_insert_with(Vec::new).push(Volume {
             name: HOOK_VOLUME.into(),
             empty_dir: Some(EmptyDirVolumeSource::default()),
             ..Volume::default()
-        }]);
+        });
         spec.init_containers = Some(vec![Container {
             name: "install-drain-hook".into(),
             image: Some(image),
@@ -283,10 +565,13 @@ pub fn cn_pod(
             ..Container::default()
         }]);
         if let Some(container) = spec.containers.first_mut() {
-            container.volume_mounts = Some(vec![VolumeMount {
-                read_only: Some(true),
-                ..mount
-            }]);
+            container
+                .volume_mounts
+                .get_or_insert_with(Vec::new)
+                .push(VolumeMount {
+                    read_only: Some(true),
+                    ..mount
+                });
         }
     }
     if let (Some(hook), Some(container)) = (hook, spec.containers.first_mut()) {
@@ -299,16 +584,10 @@ pub fn cn_pod(
             }),
             ..Lifecycle::default()
         });
-        container.env = Some(vec![
-            EnvVar {
-                name: ENV_HOOK_ENDPOINT.into(),
-                value: Some(hook.endpoint.clone()),
-                ..EnvVar::default()
-            },
-            field_env("POD_NAMESPACE", "metadata.namespace"),
-            field_env("POD_NAME", "metadata.name"),
-            field_env("POD_UID", "metadata.uid"),
-        ]);
+        // POD_NAMESPACE and POD_NAME are there already (the kernel's start script uses them).
+        let env = container.env.get_or_insert_with(Vec::new);
+        env.push(literal_env(ENV_HOOK_ENDPOINT, hook.endpoint.clone()));
+        env.push(field_env("POD_UID", "metadata.uid"));
     }
     Pod {
         metadata,
@@ -340,7 +619,27 @@ pub fn prepull_pod(cluster: &MatrixOneCluster, node: &str, version: &str) -> Pod
                 command: Some(vec!["true".into()]),
                 ..Container::default()
             }],
-            tolerations: pod_spec(cluster, Component::Cn, version).tolerations,
+            // Wherever MatrixOne pods may go.
+            tolerations: {
+                let all: Vec<_> = Component::ALL
+                    .iter()
+                    .flat_map(|c| match c {
+                        Component::Cn => cluster
+                            .spec
+                            .cn
+                            .groups
+                            .iter()
+                            .flat_map(|g| g.pods.tolerations.clone())
+                            .collect::<Vec<_>>(),
+                        c => pod_settings(cluster, *c, None)
+                            .map(|p| p.tolerations.clone())
+                            .unwrap_or_default(),
+                    })
+                    .collect();
+                (!all.is_empty()).then_some(all)
+            },
+            image_pull_secrets: (!cluster.spec.image_pull_secrets.is_empty())
+                .then(|| cluster.spec.image_pull_secrets.clone()),
             ..PodSpec::default()
         }),
         status: None,
@@ -379,7 +678,7 @@ pub fn headless_service(cluster: &MatrixOneCluster, component: Component) -> Ser
             selector: Some(selector(&name, component)),
             publish_not_ready_addresses: Some(true),
             ports: Some(
-                ports(component)
+                kernel_config::ports(component)
                     .into_iter()
                     .map(|(n, p)| ServicePort {
                         name: Some(n.into()),
@@ -394,35 +693,89 @@ pub fn headless_service(cluster: &MatrixOneCluster, component: Component) -> Ser
     }
 }
 
-/// Where each component finds the others (the kernel's launch configuration, abridged).
-pub fn config_map(cluster: &MatrixOneCluster) -> ConfigMap {
+pub fn config_map_name(cluster: &str) -> String {
+    format!("{cluster}-config")
+}
+
+/// The kernel's configuration of every role (one file per CN group) and the start script.
+/// `bootstrap`: the recorded LOG bootstrap decision (rendered until it is done).
+pub fn config_map(
+    cluster: &MatrixOneCluster,
+    bootstrap: Option<&LogBootstrap>,
+) -> Result<ConfigMap, kernel_config::ConfigError> {
     let name = cluster.metadata.name.clone().unwrap_or_default();
-    let ns = cluster.metadata.namespace.clone().unwrap_or_default();
-    let hakeeper = (0..cluster.spec.log.replicas)
-        .map(|i| {
-            format!(
-                "\"{name}-log-{i}.{}.{ns}.svc:32001\"",
-                headless_service_name(&name, Component::Log)
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
     let mut data = BTreeMap::new();
-    for c in Component::ALL {
+    for component in [Component::Log, Component::Tn, Component::Proxy] {
         data.insert(
-            format!("{}.toml", c.as_str()),
-            format!(
-                "service-type = \"{}\"\n[hakeeper-client]\nservice-addresses = [{hakeeper}]\n",
-                c.as_str().to_uppercase()
-            ),
+            kernel_config::config_key(component, None),
+            kernel_config::render(cluster, component, None, bootstrap)?,
         );
     }
-    data.insert("log-shards".into(), cluster.spec.log.shards.to_string());
-    ConfigMap {
-        metadata: meta(cluster, format!("{name}-config"), None),
+    for group in &cluster.spec.cn.groups {
+        data.insert(
+            kernel_config::config_key(Component::Cn, Some(&group.name)),
+            kernel_config::render(cluster, Component::Cn, Some(&group.name), bootstrap)?,
+        );
+    }
+    data.insert(START_SCRIPT.into(), kernel_config::start_script());
+    Ok(ConfigMap {
+        metadata: meta(cluster, config_map_name(&name), None),
         data: Some(data),
         ..ConfigMap::default()
+    })
+}
+
+/// The initial HAKeeper members of a new cluster: one replica per LOG store, replica ids from
+/// the range the kernel reserves for them (`pkg/hakeeper` K8SIDRangeStart, 131072).
+pub fn initial_log_bootstrap(cluster: &MatrixOneCluster) -> LogBootstrap {
+    let name = cluster.metadata.name.clone().unwrap_or_default();
+    LogBootstrap {
+        members: (0..cluster.spec.log.replicas)
+            .map(|i| {
+                let pod = format!("{name}-log-{i}");
+                let uuid = mo_core::component::store_uuid(Component::Log, &pod)
+                    .expect("a LOG pod name has an ordinal");
+                format!("{}:{uuid}", 131_072 + i64::from(i))
+            })
+            .collect(),
+        replicas: cluster.spec.log.replicas,
+        shards: cluster.spec.log.shards,
+        done: false,
     }
+}
+
+/// The client Service for SQL: the proxies, or the CNs when the cluster has no proxy.
+pub fn sql_service(cluster: &MatrixOneCluster) -> Service {
+    let name = cluster.metadata.name.clone().unwrap_or_default();
+    let target = if cluster.spec.proxy.replicas > 0 {
+        Component::Proxy
+    } else {
+        Component::Cn
+    };
+    let spec = &cluster.spec.sql_service;
+    let mut metadata = meta(cluster, sql_service_name(&name), None);
+    if !spec.annotations.is_empty() {
+        metadata.annotations = Some(spec.annotations.clone());
+    }
+    Service {
+        metadata,
+        spec: Some(ServiceSpec {
+            type_: Some(spec.type_.as_str().into()),
+            selector: Some(selector(&name, target)),
+            ports: Some(vec![ServicePort {
+                name: Some("sql".into()),
+                port: spec.port,
+                target_port: Some(IntOrString::String("sql".into())),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    }
+}
+
+pub fn sql_service_name(cluster: &str) -> String {
+    format!("{cluster}-sql")
 }
 
 /// The disruption budget of one component, computed by the operator each tick.
@@ -467,18 +820,166 @@ pub fn api_version() -> String {
 mod tests {
     use super::*;
     use crate::crd::MatrixOneClusterSpec;
+    use k8s_openapi::api::core::v1::EnvVar;
 
     fn cluster() -> MatrixOneCluster {
         let spec: MatrixOneClusterSpec = serde_json::from_value(serde_json::json!({
             "version": "v1.2.0",
             "log": {"replicas": 3},
             "cn": {"groups": [{"name": "tp", "replicas": 2}]},
+            "sharedStorage": {"fileSystem": {"path": "/srv/mo"}},
         }))
         .expect("valid");
         let mut c = MatrixOneCluster::new("mo", spec);
         c.metadata.namespace = Some("ns".into());
         c.metadata.uid = Some("uid-1".into());
         c
+    }
+
+    fn env_of(spec: &PodSpec) -> BTreeMap<String, EnvVar> {
+        spec.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.clone(), e.clone()))
+            .collect()
+    }
+
+    /// The kernel runs as it must: our command (not args after the image's entrypoint), its
+    /// role's file, its identity from the downward API, data on the right volumes.
+    #[test]
+    fn pods_run_the_kernel_with_their_role_file_and_identity() {
+        let c = cluster();
+        let log = statefulset(&c, Component::Log, "v1.2.4").spec;
+        let pod = log.template.spec.expect("pod spec");
+        let main = &pod.containers[0];
+        assert_eq!(
+            main.command.as_deref(),
+            Some(&["/bin/sh".to_string(), format!("{CONFIG_DIR}/{START_SCRIPT}")][..])
+        );
+        assert!(main.args.is_none());
+        let env = env_of(&pod);
+        assert_eq!(env["MO_CONFIG"].value.as_deref(), Some("log.toml"));
+        assert_eq!(env["MO_UUID_DIGIT"].value.as_deref(), Some("0"));
+        assert_eq!(
+            env["POD_IP"]
+                .value_from
+                .as_ref()
+                .and_then(|v| v.field_ref.as_ref())
+                .map(|f| f.field_path.as_str()),
+            Some("status.podIP")
+        );
+        let claims = log.volume_claim_templates.expect("LOG data on claims");
+        assert_eq!(claims[0].metadata.name.as_deref(), Some(DATA_VOLUME));
+        assert_eq!(
+            log.persistent_volume_claim_retention_policy
+                .and_then(|p| p.when_deleted)
+                .as_deref(),
+            Some("Retain")
+        );
+        assert!(
+            pod.affinity
+                .and_then(|a| a.pod_anti_affinity)
+                .is_some(),
+            "LOG replicas prefer different nodes"
+        );
+        assert!(pod.tolerations.is_none(), "nothing only a test needs");
+        let proxy = statefulset(&c, Component::Proxy, "v1.2.4").spec;
+        assert!(proxy.volume_claim_templates.is_none());
+
+        let cn = cn_pod(&c, "tp", 1, "v1.2.4", None).spec.expect("spec");
+        let env = env_of(&cn);
+        assert_eq!(
+            env["MO_UUID"].value.as_deref(),
+            Some(mo_core::component::cn_uuid("mo-tp-1").as_str())
+        );
+        assert_eq!(env["MO_CONFIG"].value.as_deref(), Some("cn-tp.toml"));
+        assert!(!env.contains_key("DEFAULT_PASSWORD"));
+    }
+
+    #[test]
+    fn resources_credentials_and_the_root_password_come_from_the_spec() {
+        let spec: MatrixOneClusterSpec = serde_json::from_value(serde_json::json!({
+            "version": "v1.2.4",
+            "log": {"replicas": 3, "resources": {"limits": {"memory": "2Gi"}},
+                    "nodeSelector": {"disk": "ssd"}},
+            "cn": {"groups": [{"name": "tp", "replicas": 1}]},
+            "sharedStorage": {"s3": {"endpoint": "http://minio:9000", "bucket": "mo",
+                "region": "eu-west-1", "credentialsSecret": {"name": "s3"}}},
+            "rootPasswordSecret": {"name": "root", "key": "password"},
+            "imagePullPolicy": "Always",
+            "imagePullSecrets": [{"name": "registry"}],
+            "sqlService": {"type": "LoadBalancer", "annotations": {"a": "b"}},
+        }))
+        .expect("valid");
+        let mut c = MatrixOneCluster::new("mo", spec);
+        c.metadata.namespace = Some("ns".into());
+        c.metadata.uid = Some("uid-1".into());
+        let log = statefulset(&c, Component::Log, "v1.2.4")
+            .spec
+            .template
+            .spec
+            .expect("pod spec");
+        let env = env_of(&log);
+        assert_eq!(
+            env["GOMEMLIMIT"].value.as_deref(),
+            Some((2u64 * 1024 * 1024 * 1024 / 10 * 9).to_string().as_str())
+        );
+        let secret = |name: &str| {
+            env[name]
+                .value_from
+                .as_ref()
+                .and_then(|v| v.secret_key_ref.clone())
+                .map(|s| (s.name, s.key))
+        };
+        assert_eq!(
+            secret("AWS_ACCESS_KEY_ID"),
+            Some(("s3".into(), "AWS_ACCESS_KEY_ID".into()))
+        );
+        assert_eq!(env["AWS_REGION"].value.as_deref(), Some("eu-west-1"));
+        assert!(!env.contains_key("DEFAULT_PASSWORD"), "only CNs create the catalog");
+        assert_eq!(log.node_selector.expect("selector")["disk"], "ssd");
+        assert_eq!(log.containers[0].image_pull_policy.as_deref(), Some("Always"));
+        assert_eq!(log.image_pull_secrets.expect("secrets")[0].name, "registry");
+        assert!(
+            log.volumes.iter().flatten().all(|v| v.host_path.is_none()),
+            "S3: no shared directory"
+        );
+        let cn = cn_pod(&c, "tp", 0, "v1.2.4", None).spec.expect("spec");
+        let env = env_of(&cn);
+        let password = env["DEFAULT_PASSWORD"]
+            .value_from
+            .as_ref()
+            .and_then(|v| v.secret_key_ref.clone())
+            .expect("from the secret");
+        assert_eq!((password.name.as_str(), password.key.as_str()), ("root", "password"));
+        let svc = sql_service(&c);
+        let svc_spec = svc.spec.expect("spec");
+        assert_eq!(svc_spec.type_.as_deref(), Some("LoadBalancer"));
+        assert_eq!(svc_spec.selector.expect("selector")[LABEL_COMPONENT], "proxy");
+        assert_eq!(svc.metadata.annotations.expect("annotations")["a"], "b");
+    }
+
+    #[test]
+    fn the_config_map_holds_every_role_file_and_the_bootstrap_members() {
+        let c = cluster();
+        let bootstrap = initial_log_bootstrap(&c);
+        assert_eq!(
+            bootstrap.members,
+            [
+                "131072:00000000-0000-0000-0000-000000000000",
+                "131073:00000000-0000-0000-0000-000000000001",
+                "131074:00000000-0000-0000-0000-000000000002"
+            ]
+        );
+        let cm = config_map(&c, Some(&bootstrap)).expect("renders");
+        let data = cm.data.expect("data");
+        let keys: Vec<&str> = data.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            ["cn-tp.toml", "log.toml", "proxy.toml", START_SCRIPT, "tn.toml"]
+        );
+        assert!(data["log.toml"].contains("bootstrap-cluster = true"));
     }
 
     #[test]
@@ -536,7 +1037,12 @@ mod tests {
         let installs_to = init.command.as_ref().expect("command")[2].clone();
         assert_eq!(installs_to, hook.command[0]);
         let main = &spec.containers[0];
-        let mount = &main.volume_mounts.as_ref().expect("mounts")[0];
+        let mount = main
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == HOOK_VOLUME)
+            .expect("the hook volume is mounted");
         assert!(installs_to.starts_with(&mount.mount_path));
         assert_eq!(
             init.volume_mounts.as_ref().expect("mounts")[0].name,

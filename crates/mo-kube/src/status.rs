@@ -129,6 +129,7 @@ pub fn build(
     policy: &SafePolicy,
     templates: &BTreeMap<String, String>,
     pods: &[Pod],
+    problems: &[String],
 ) -> MatrixOneClusterStatus {
     let generation = cluster.metadata.generation;
     let name = cluster.name_any();
@@ -303,9 +304,11 @@ pub fn build(
         }
         None => condition(prev, generation, HALTED, false, "NotHalted", String::new()),
     };
-    let degraded_reasons: Vec<String> = kernel_error
+    // A configuration problem comes first: it is often why the kernel does not answer.
+    let degraded_reasons: Vec<String> = problems
         .iter()
-        .map(|e| format!("kernel unreachable: {e}"))
+        .cloned()
+        .chain(kernel_error.iter().map(|e| format!("kernel unreachable: {e}")))
         .chain(alarms)
         .collect();
     let degraded = condition(
@@ -313,7 +316,9 @@ pub fn build(
         generation,
         DEGRADED,
         !degraded_reasons.is_empty(),
-        if kernel_error.is_some() {
+        if !problems.is_empty() {
+            "ConfigurationProblem"
+        } else if kernel_error.is_some() {
             "KernelUnreachable"
         } else if !degraded_reasons.is_empty() {
             "DrainAlarm"
@@ -361,5 +366,6 @@ pub fn build(
         rollout,
         drains,
         progress: policy.progress_record(),
+        log_bootstrap: previous.log_bootstrap.clone(),
     }
 }

@@ -106,6 +106,9 @@ pub struct DataPlane {
     args: Args,
     /// preStop hooks running or finished, by pod UID.
     hooks: Mutex<BTreeMap<String, HookRun>>,
+    /// What each preStop hook did, by pod UID, kept after the pod is gone (the test API's
+    /// evidence that a hook held its process).
+    hook_records: Mutex<BTreeMap<String, HookRecord>>,
     /// HAKeeper's ticks count from here.
     started: Instant,
     /// The next pod address: 127.a.b.c, from a random /16 so that two data planes on one
@@ -119,6 +122,20 @@ struct HookRun {
     /// Set once the hook returned (or was killed at the end of the grace period): the grace
     /// left for SIGTERM.
     remaining: Option<Duration>,
+}
+
+/// A preStop hook as the data plane ran it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct HookRecord {
+    pub pod: String,
+    /// The hook is still running (the process it guards has not been sent SIGTERM).
+    pub running: bool,
+    /// How long the hook held the process so far (or in all, once it returned).
+    pub held_ms: u64,
+    /// The hook's exit code once it returned by itself.
+    pub exit_code: Option<i32>,
+    /// The grace period ran out while the hook still waited (the kubelet killed it).
+    pub killed_at_grace_end: bool,
 }
 
 enum PreStop {
@@ -213,17 +230,29 @@ impl DataPlane {
             return PreStop::Finished { remaining };
         }
         let elapsed = run.started.elapsed();
-        let exited = run
-            .child
-            .as_mut()
-            .is_none_or(|c| matches!(c.try_wait(), Ok(Some(_)) | Err(_)));
-        if exited {
+        let mut record = HookRecord {
+            pod: pod.name_any(),
+            running: true,
+            held_ms: elapsed.as_millis() as u64,
+            exit_code: None,
+            killed_at_grace_end: false,
+        };
+        let exit = match run.child.as_mut() {
+            None => Some(None),
+            Some(c) => match c.try_wait() {
+                Ok(Some(status)) => Some(status.code()),
+                Ok(None) => None,
+                Err(_) => Some(None),
+            },
+        };
+        let outcome = if let Some(code) = exit {
             let remaining = grace.saturating_sub(elapsed);
-            tracing::info!(pod = %pod.name_any(), waited_ms = elapsed.as_millis() as u64, "preStop hook returned");
+            tracing::info!(pod = %pod.name_any(), waited_ms = elapsed.as_millis() as u64, ?code, "preStop hook returned");
             run.remaining = Some(remaining);
-            return PreStop::Finished { remaining };
-        }
-        if elapsed >= grace {
+            record.running = false;
+            record.exit_code = code;
+            PreStop::Finished { remaining }
+        } else if elapsed >= grace {
             // The grace period is over: the kubelet kills the hook and gives 2 s more.
             if let Some(c) = run.child.as_mut() {
                 let _ = c.kill();
@@ -231,11 +260,20 @@ impl DataPlane {
             }
             tracing::warn!(pod = %pod.name_any(), "preStop hook outlived the grace period");
             run.remaining = Some(Duration::from_secs(2));
-            return PreStop::Finished {
+            record.running = false;
+            record.killed_at_grace_end = true;
+            PreStop::Finished {
                 remaining: Duration::from_secs(2),
-            };
-        }
-        PreStop::Running
+            }
+        } else {
+            PreStop::Running
+        };
+        drop(hooks);
+        self.hook_records
+            .lock()
+            .expect("hook records lock")
+            .insert(uid.to_string(), record);
+        outcome
     }
 
     fn forget_hook(&self, uid: &str) {
@@ -452,6 +490,7 @@ pub async fn run(args: Args) -> Result<()> {
         clusters: Mutex::new(BTreeMap::new()),
         args: args.clone(),
         hooks: Mutex::new(BTreeMap::new()),
+        hook_records: Mutex::new(BTreeMap::new()),
         started: Instant::now(),
         next_ip: std::sync::atomic::AtomicU32::new(u32::from(std::net::Ipv4Addr::new(
             127,
@@ -477,6 +516,7 @@ pub async fn run(args: Args) -> Result<()> {
             "/v1/namespaces/{ns}/clusters/{name}/lock-tables",
             get(lock_tables_handler),
         )
+        .route("/v1/prestop/{uid}", get(prestop_handler))
         .with_state(plane.clone());
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -999,6 +1039,21 @@ async fn fault_handler(
             .set_handover_never_confirms(faults.handover_never_confirms);
     })
     .map_or(StatusCode::NOT_FOUND, |_| StatusCode::NO_CONTENT)
+}
+
+/// What the preStop hook of the pod instance `uid` did (404: it never ran).
+async fn prestop_handler(
+    State(plane): Shared,
+    Path(uid): Path<String>,
+) -> Result<Json<HookRecord>, StatusCode> {
+    plane
+        .hook_records
+        .lock()
+        .expect("hook records lock")
+        .get(&uid)
+        .cloned()
+        .map(Json)
+        .ok_or(StatusCode::NOT_FOUND)
 }
 
 /// Which pod's lock service owns each bound lock table now.

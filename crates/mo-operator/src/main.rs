@@ -7,6 +7,7 @@ mod html;
 mod kubelet;
 mod operate;
 mod output;
+mod render;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
@@ -81,6 +82,8 @@ enum Command {
     Run(Box<operate::Args>),
     /// Print the MatrixOneCluster CustomResourceDefinition (YAML).
     Crds,
+    /// Print every object the operator creates for a cluster (like `helm template`).
+    Render(render::Args),
     /// Attach the simulated MatrixOne data plane to a Kubernetes API server: play kubelet for
     /// MatrixOne pods on fake nodes and serve the admin API.
     Kubelet(kubelet::Args),
@@ -124,6 +127,7 @@ fn main() -> Result<()> {
             .enable_all()
             .build()?
             .block_on(hook::run(args)),
+        Command::Render(args) => render::run(&args),
         Command::Crds => {
             use kube::CustomResourceExt;
             print!(

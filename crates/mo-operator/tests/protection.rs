@@ -30,6 +30,7 @@ async fn lock_owner_cluster(t: &TestNs, drain: serde_json::Value) {
         "spec": {
             "version": "v1",
             "log": {"replicas": 3},
+            "sharedStorage": {"fileSystem": {"path": "/tmp/mo-shared"}},
             "cn": {"groups": [{"name": "tp", "replicas": 2}, {"name": "idle", "replicas": 1}]},
             "proxy": {"replicas": 1},
             "upgrade": {"stabilityWindow": "2s", "stallTimeout": "3m"},
@@ -364,55 +365,46 @@ async fn a_plain_delete_is_refused_until_the_drain_is_confirmed_and_the_prestop_
         },
     )
     .await;
+    // While the kernel withholds the confirmation, the deleted pod must keep running: only
+    // the hook can hold it (without one the kubelet sends SIGTERM at once).
+    t.fault("mo", serde_json::json!({"handover_never_confirms": true}))
+        .await;
     let out = t.kubectl(&["delete", "pod", b, "-n", &t.ns, "--wait=false"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut confirmed_at = None;
-    let mut running_while_terminating = 0;
-    let start = Instant::now();
-    loop {
-        let pod = t.pod(b).await;
-        let same = pod
+    let running = |pod: &Pod| {
+        pod.status
             .as_ref()
-            .is_some_and(|p| p.uid().as_deref() == Some(b_uid.as_str()));
-        if !same {
-            break;
-        }
-        let state = drain_of(&t, b, &b_uid).await;
-        let confirmed = matches!(&state, Some((s, _)) if s == "Confirmed" || s == "Released");
-        if confirmed && confirmed_at.is_none() {
-            confirmed_at = Some(start.elapsed());
-        }
-        let running = pod
-            .as_ref()
-            .and_then(|p| {
-                p.status
-                    .as_ref()?
-                    .container_statuses
-                    .as_ref()?
-                    .first()
-                    .cloned()
-            })
-            .is_some_and(|c| c.state.and_then(|s| s.running).is_some());
-        if !confirmed {
-            assert!(
-                running,
-                "{b} stopped before its drain was confirmed: {state:?}"
-            );
-            running_while_terminating += 1;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(240),
-            "{b} never went: {state:?}"
-        );
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .is_some_and(|c| c.state.as_ref().and_then(|s| s.running.as_ref()).is_some())
+    };
+    let held_from = Instant::now();
+    while held_from.elapsed() < Duration::from_secs(10) {
+        let pod = t.pod(b).await.expect("the deleted pod is still there");
+        assert_eq!(pod.uid().as_deref(), Some(b_uid.as_str()));
+        assert!(pod.metadata.deletion_timestamp.is_some(), "deleted");
+        assert!(running(&pod), "{b} stopped while its drain was unconfirmed");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(
-        confirmed_at.is_some() || running_while_terminating > 0,
-        "the hook was seen holding the process"
+    let hook = t.prestop(&b_uid).await.expect("the kubelet ran the preStop hook");
+    assert_eq!(hook["running"], true, "the hook holds {b}: {hook}");
+    assert!(hook["held_ms"].as_u64().unwrap_or(0) >= 10_000, "{hook}");
+    // The kernel confirms: the hook returns by itself and the instance goes.
+    t.fault("mo", serde_json::json!({"handover_never_confirms": false}))
+        .await;
+    wait_for("the old instance of B gone", Duration::from_secs(240), || async {
+        (t.pod(b).await.and_then(|p| p.uid()) != Some(b_uid.clone())).then_some(())
+    })
+    .await;
+    let hook = t.prestop(&b_uid).await.expect("hook record");
+    assert_eq!(
+        (hook["running"].as_bool(), hook["exit_code"].as_i64(), hook["killed_at_grace_end"].as_bool()),
+        (Some(false), Some(0), Some(false)),
+        "the hook returned by itself once the drain was confirmed: {hook}"
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_no_harm(&t.report("mo").await);
@@ -423,6 +415,7 @@ fn incident_002_spec() -> serde_json::Value {
     serde_json::json!({
         "version": "v1",
         "log": {"replicas": 3},
+        "sharedStorage": {"fileSystem": {"path": "/tmp/mo-shared"}},
         "cn": {"groups": [{"name": "tp", "replicas": 2}]},
         "proxy": {"replicas": 2},
         "upgrade": {

@@ -459,6 +459,16 @@ impl TestNs {
             .expect("lock tables json")
     }
 
+    /// What the data plane's kubelet saw the preStop hook of pod instance `uid` do.
+    pub async fn prestop(&self, uid: &str) -> Option<serde_json::Value> {
+        let url = format!("{}/v1/prestop/{uid}", self.shared.admin);
+        let response = reqwest::get(&url).await.expect("prestop endpoint");
+        if response.status() == reqwest::StatusCode::NOT_FOUND {
+            return None;
+        }
+        Some(response.json().await.expect("prestop json"))
+    }
+
     pub async fn pod(&self, name: &str) -> Option<Pod> {
         self.pods().get_opt(name).await.expect("get pod")
     }
@@ -513,6 +523,7 @@ pub fn small_cluster(version: &str) -> serde_json::Value {
     serde_json::json!({
         "version": version,
         "log": {"replicas": 3},
+        "sharedStorage": {"fileSystem": {"path": "/tmp/mo-shared"}},
         "cn": {"groups": [{"name": "tp", "replicas": 2}]},
         "proxy": {"replicas": 1},
         "upgrade": {"stabilityWindow": "2s", "stallTimeout": "3m"},
