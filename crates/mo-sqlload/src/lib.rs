@@ -23,16 +23,17 @@
 //! take the unknown ones. A "failed" transaction that was applied after all shows there.
 //!
 //! # Lock tables
-//! The first CN that locks a table owns its lock table (the TN's allocator binds it). The bind
-//! is keyed by `(group, table id)`: for DML and `SELECT ... FOR UPDATE` the group is 0 and the
-//! table id is the table's `mo_catalog.mo_tables.rel_id` ([`table_id`]); rows are not sharded
-//! (kernel v1.2.4 `pkg/sql/plan/build_dml_util.go` `LockTarget{TableId: tableDef.TblId}`,
-//! `pkg/sql/colexec/lockop/lock_op.go` (group left 0), `pkg/lockservice/service.go`
-//! `getLockTableWithCreate(group, tableID, ...)`). [`make_owner`] runs one locking transaction
-//! on a chosen CN so that it binds a table first.
+//! The first CN that locks a table owns its lock table (the TN's allocator binds it). DML on a
+//! table needs two binds (see [`lockkey`] for the kernel sources): its rows' lock table
+//! `(group 0, rel_id)` ([`row_lock_table`] of [`table_id`], the table's
+//! `mo_catalog.mo_tables.rel_id`), and the lock table holding the table's own `mo_tables` row,
+//! which every DML statement locks in shared mode: `(account id, CRC-64 of the packed row key)`
+//! ([`catalog_lock_table`]). [`make_owner`] runs one locking transaction on a chosen CN so that
+//! it binds the tables nobody bound yet.
 
 mod classify;
 mod error;
+pub mod lockkey;
 mod outcomes;
 mod schema;
 mod target;
@@ -40,6 +41,7 @@ mod workload;
 
 pub use classify::{ErrorKind, Phase, SqlError};
 pub use error::{Error, Result};
+pub use lockkey::{LockTableKey, catalog_lock_table, row_lock_table};
 pub use outcomes::{
     ConsistencyCheck, FailureOutcome, FailureRecord, Outcomes, TableCheck, TableOutcomes,
     TargetOutcomes,

@@ -34,6 +34,9 @@ pub struct Outcomes {
     pub max_txn_latency_ms: u64,
     /// The last failures, unknowns and connect errors, oldest first.
     pub recent_failures: Vec<FailureRecord>,
+    /// The first record of each kind, keyed `<outcome>/<phase>/<code>` (e.g.
+    /// `failed/statement/20635`): a flood of one kind cannot push the others out.
+    pub first_failures: BTreeMap<String, FailureRecord>,
     /// Filled by `Workload::stop` when the config asks for it.
     pub consistency: Option<ConsistencyCheck>,
 }
@@ -94,6 +97,16 @@ pub enum FailureOutcome {
     Failed,
     Unknown,
     ConnectError,
+}
+
+impl FailureOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureOutcome::Failed => "failed",
+            FailureOutcome::Unknown => "unknown",
+            FailureOutcome::ConnectError => "connect_error",
+        }
+    }
 }
 
 /// One entry of the bounded failure log.

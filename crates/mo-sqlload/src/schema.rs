@@ -75,17 +75,9 @@ pub async fn prepare(target: &Target, database: &str, tables: &[String], rows: u
     Ok(())
 }
 
-/// The table's id (`mo_catalog.mo_tables.rel_id`).
-///
-/// This is the key of the table's lock table: DML and `SELECT ... FOR UPDATE` lock rows with
-/// `LockTarget.TableId = tableDef.TblId` (the rel_id) in lock group 0 without row sharding
-/// (kernel v1.2.4 `pkg/sql/plan/build_dml_util.go`, `query_builder.go`;
-/// `pkg/sql/colexec/lockop/lock_op.go`: `DefaultLockOptions` leaves the group 0), and
-/// `lockservice.getLockTableWithCreate(group, tableID, ...)` asks the TN's allocator for the
-/// bind of `(group, tableID)`. So the allocator's bind for this table is `(0, table_id)`.
-/// (Only DDL locks differently: rows of `mo_database` in the account's group, sharded by row.)
-/// A table with unique secondary indexes also locks its hidden index tables, each by its own
-/// rel_id; the tables made here have none.
+/// The table's id (`mo_catalog.mo_tables.rel_id`), the key of its rows' lock table
+/// ([`crate::row_lock_table`]: group 0, no row sharding). A table with unique secondary indexes
+/// also locks its hidden index tables, each by its own rel_id; the tables made here have none.
 pub async fn table_id(target: &Target, database: &str, table: &str) -> Result<u64> {
     check_identifier("database", database)?;
     check_identifier("table", table)?;

@@ -431,6 +431,7 @@ struct Stats {
     tables: BTreeMap<String, TableTrack>,
     max_txn_latency: Duration,
     recent: VecDeque<FailureRecord>,
+    first: BTreeMap<String, FailureRecord>,
 }
 
 struct TableTrack {
@@ -489,14 +490,8 @@ impl Shared {
         error: SqlError,
         elapsed: Duration,
     ) {
-        if self.recent_limit == 0 {
-            return;
-        }
         let at_ms = self.since_start(Instant::now());
-        while stats.recent.len() >= self.recent_limit {
-            stats.recent.pop_front();
-        }
-        stats.recent.push_back(FailureRecord {
+        let record = FailureRecord {
             at_ms,
             unix_ms: self.start_unix_ms + at_ms,
             target: target.into(),
@@ -506,7 +501,23 @@ impl Shared {
             code: error.label(),
             error,
             elapsed_ms: elapsed.as_millis() as u64,
-        });
+        };
+        stats
+            .first
+            .entry(format!(
+                "{}/{}/{}",
+                outcome.as_str(),
+                phase.as_str(),
+                record.code
+            ))
+            .or_insert_with(|| record.clone());
+        if self.recent_limit == 0 {
+            return;
+        }
+        while stats.recent.len() >= self.recent_limit {
+            stats.recent.pop_front();
+        }
+        stats.recent.push_back(record);
     }
 
     fn record_connect_error(&self, target: &str, client: usize, error: SqlError, began: Instant) {
@@ -648,6 +659,7 @@ impl Shared {
             tables,
             max_txn_latency_ms: s.max_txn_latency.as_millis() as u64,
             recent_failures: s.recent.iter().cloned().collect(),
+            first_failures: s.first.clone(),
             consistency: None,
         }
     }
@@ -748,6 +760,16 @@ mod tests {
             [FailureOutcome::Unknown, FailureOutcome::ConnectError]
         );
         assert_eq!(o.recent_failures[1].phase, Phase::Connect);
+        // The first of each kind stays, however many came after.
+        let first: Vec<_> = o.first_failures.keys().map(String::as_str).collect();
+        assert_eq!(
+            first,
+            [
+                "connect_error/connect/20101",
+                "failed/statement/20635",
+                "unknown/commit/timeout"
+            ]
+        );
     }
 
     #[test]
