@@ -204,3 +204,36 @@ async fn refused_logins_are_connect_errors_not_transactions() {
         o.connect_errors
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_the_kernel_refuses_fails_the_transaction_definitely() {
+    let Some(t) = target("a_statement_the_kernel_refuses_fails_the_transaction_definitely") else {
+        return;
+    };
+    prepare(&t, DB, &names(&["wl_a"]), 5).await.unwrap();
+    // A table that does not exist: every transaction's first statement gets an error packet.
+    let mut config = WorkloadConfig::new(
+        vec![TargetLoad {
+            target: t.clone(),
+            clients: 1,
+        }],
+        DB,
+        names(&["no_such_table_here"]),
+    );
+    config.consistency_target = None;
+    let workload = Workload::start(config).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let o = workload.stop().await;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&o.first_failures).unwrap()
+    );
+    assert!(o.failed > 0);
+    assert_eq!((o.committed, o.unknown, o.connect_errors), (0, 0, 0));
+    assert_eq!(o.failed_by_phase.keys().collect::<Vec<_>>(), ["statement"]);
+    let (key, first) = o.first_failures.iter().next().unwrap();
+    assert!(key.starts_with("failed/statement/"), "{key}");
+    assert_eq!(first.error.kind, ErrorKind::Server);
+    // An error packet: the session stays usable (rolled back, not reconnected).
+    assert!(first.error.session_usable());
+}
