@@ -156,6 +156,23 @@ impl Ns {
         response.text().await.expect("text")
     }
 
+    /// Waits until the last log line `key=…` of the current run says `value`.
+    async fn log_latest(&self, pod: &str, key: &str, value: &str) {
+        wait_for(
+            &format!("{pod} logs {key}={value}"),
+            Duration::from_secs(20),
+            || async {
+                let logs = self.logs(pod, false).await;
+                let last = logs
+                    .lines()
+                    .filter_map(|l| l.strip_prefix(&format!("{key}=")))
+                    .next_back()?;
+                (last == value).then_some(())
+            },
+        )
+        .await
+    }
+
     /// Waits for a log line `key=…` of the current run and returns its value.
     async fn log_value(&self, pod: &str, key: &str) -> String {
         wait_for(
@@ -204,6 +221,7 @@ echo "hostname=$(cat /proc/sys/kernel/hostname)"
 echo "resolves=$(getent hosts web-0.web.$POD_NS.svc.cluster.local | cut -d' ' -f1)"
 echo "image=$(test -x /opt/mo-test/python3 && echo mapped)"
 trap 'echo term >> /mo-test/data/events; exit 0' TERM
+(while sleep 0.3; do echo "live=$(cat /mo-test/cfg/greeting)"; done) &
 /opt/mo-test/python3 -c "import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('$POD_IP', 8080)); s.listen(); time.sleep(100000)" &
 wait
 "#;
@@ -316,6 +334,18 @@ async fn statefulset_pod_runs_as_processes_with_its_volumes_probes_and_hooks() {
         ns.log_value("web-0", "env").await,
         format!("web-0/{}/{ip}/64/hello/{node}/web-0", ns.name)
     );
+
+    // A ConfigMap change reaches the running container's files.
+    ns.log_latest("web-0", "live", "hello").await;
+    ns.api::<ConfigMap>()
+        .patch(
+            "cfg",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"data": {"greeting": "hola"}})),
+        )
+        .await
+        .expect("patch configmap");
+    ns.log_latest("web-0", "live", "hola").await;
 
     // The liveness probe (exec inside the container) keeps passing: no restart.
     tokio::time::sleep(Duration::from_secs(3)).await;
