@@ -51,6 +51,12 @@ fn kubelet() -> &'static Kubelet {
             // Host programs as images: the shell, and python3 bound at a path of its own.
             .args(["--image", "busybox:test=/bin/sh:/bin/sh"])
             .args(["--image", "python:*=/usr/bin/python3:/opt/mo-test/python3"])
+            // This executable, as the operator's image (off the host's PATH: the mount point
+            // is created on the host).
+            .args([
+                "--image",
+                &format!("mo-operator:*={BIN}:/opt/mo-test/bin/mo-operator"),
+            ])
             .env("KUBECONFIG", plane.kubeconfig())
             .env("RUST_LOG", "info,kube=warn");
         mo_testenv::spawn_for_process(command, dir.join("kubelet.log")).expect("kubelet");
@@ -549,6 +555,27 @@ async fn pods_report_why_they_cannot_run_and_how_they_ended() {
     ] {
         ns.create::<Pod>(object).await;
     }
+    // As CN pods get their preStop hook: an init container of the operator's image copies the
+    // binary (found through the pod's PATH) into an emptyDir; the main container runs it.
+    ns.create::<Pod>(json!({
+        "metadata": {"name": "hook-install", "labels": labels("hook-install")},
+        "spec": {
+            "restartPolicy": "Never",
+            "volumes": [{"name": "hook", "emptyDir": {}}],
+            "initContainers": [{
+                "name": "install", "image": "mo-operator:e2e",
+                "command": ["mo-operator", "install-hook", "/mo-test/hook/mo-operator"],
+                "env": [{"name": "PATH", "value": "/opt/mo-test/bin:/usr/bin:/bin"}],
+                "volumeMounts": [{"name": "hook", "mountPath": "/mo-test/hook"}],
+            }],
+            "containers": [{
+                "name": "main", "image": "busybox:test",
+                "command": ["/mo-test/hook/mo-operator", "--version"],
+                "volumeMounts": [{"name": "hook", "mountPath": "/mo-test/hook", "readOnly": true}],
+            }],
+        },
+    }))
+    .await;
     let waiting = |name: &'static str| {
         let ns = &ns;
         async move {
@@ -591,6 +618,18 @@ async fn pods_report_why_they_cannot_run_and_how_they_ended() {
         (ns.status("completes").await["phase"] == "Succeeded").then_some(())
     })
     .await;
+    wait_for(
+        "hook-install Succeeded",
+        Duration::from_secs(30),
+        || async { (ns.status("hook-install").await["phase"] == "Succeeded").then_some(()) },
+    )
+    .await;
+    assert!(
+        ns.logs("hook-install", false)
+            .await
+            .starts_with("mo-operator "),
+        "the installed binary ran"
+    );
 
     // Running, started, never ready: nothing listens on its probe's port.
     wait_for("never-ready running", Duration::from_secs(30), || async {
