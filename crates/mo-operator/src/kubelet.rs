@@ -8,8 +8,17 @@
 //! query service on CNs. An HTTP API gives tests the model's report and fault switches.
 //! Simulated time runs `--time-scale` times faster than the wall clock; durations crossing
 //! to the operator are converted to wall-clock time, so it sees a consistent world.
+//!
+//! With `--runtime process` it runs the pods' containers as real processes instead
+//! ([`process`]): the pod's command, environment, volumes, probes and hooks, each container in
+//! its own namespaces ([`exec`], [`sandbox`], [`probe`]). Both runtimes share the fake nodes,
+//! the scheduling and binding, the status writes, the preStop hooks and the final removal.
 
+pub(crate) mod exec;
 mod kernel_rpc;
+mod probe;
+mod process;
+mod sandbox;
 
 use anyhow::{Context as _, Result};
 use axum::extract::{Path, State};
@@ -31,8 +40,18 @@ use mo_sim::Scenario;
 use mo_sim::attached::AttachedCluster;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// What runs behind the pods.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeKind {
+    /// The simulated MatrixOne model (LOG, TN, CN and proxy processes in virtual time).
+    Sim,
+    /// The pods' containers as real processes on this machine.
+    Process,
+}
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
@@ -53,6 +72,25 @@ pub struct Args {
     pub txn_rate: f64,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// What runs behind the pods: the simulated model, or real processes.
+    #[arg(long, value_enum, default_value_t = RuntimeKind::Sim)]
+    pub runtime: RuntimeKind,
+    /// Process runtime: `IMAGE=HOST_PATH:CONTAINER_PATH` (repeatable; IMAGE may end with `*`).
+    /// Containers of that image get the host file bind-mounted read-only at the container
+    /// path; a container whose image has no mapping is not run (`ErrImagePull`).
+    #[arg(long = "image", value_name = "IMAGE=HOST_PATH:CONTAINER_PATH")]
+    pub images: Vec<sandbox::ImageFile>,
+    /// Process runtime: where containers' logs go (`<ns>_<pod>_<uid>/<container>/<n>.log`).
+    /// Default: `logs` in the state directory.
+    #[arg(long)]
+    pub log_dir: Option<PathBuf>,
+    /// Process runtime: pods' files and volumes, and the claims' directories
+    /// (`pvcs/<ns>/<claim>`). Default: a temporary directory, removed at exit.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Process runtime: the first crash-loop back-off (doubling up to 5 minutes).
+    #[arg(long, default_value = "10s", value_parser = crate::operate::duration)]
+    pub restart_backoff: Duration,
 }
 
 type Key = (String, String);
@@ -114,6 +152,8 @@ pub struct DataPlane {
     /// The next pod address: 127.a.b.c, from a random /16 so that two data planes on one
     /// machine rarely meet (a taken address is skipped anyway).
     next_ip: std::sync::atomic::AtomicU32,
+    /// The process runtime (`--runtime process`).
+    processes: Option<process::Runtime>,
 }
 
 struct HookRun {
@@ -181,45 +221,66 @@ fn pre_stop_command(pod: &Pod) -> Option<HookCommand> {
     Some((command, env))
 }
 
+/// Starts a preStop hook; called once, when the deletion is first seen.
+pub(crate) type StartHook<'a> = Box<dyn FnOnce() -> std::io::Result<std::process::Child> + 'a>;
+
+/// The simulated runtime's hook: the preStop exec command of the pod's first container, run
+/// on this machine. Our own binary named in the hook is this executable (the image is
+/// simulated, the hook is real).
+fn sim_hook(pod: &Pod) -> Option<StartHook<'static>> {
+    let (command, env) = pre_stop_command(pod)?;
+    // A hook installed by an init container exists only if the pod has that container
+    // (this runtime runs no init containers; it checks the pod would have the binary).
+    let installed = !command[0].starts_with(mo_kube::resources::HOOK_DIR)
+        || pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.init_containers.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.name == "install-drain-hook"));
+    Some(Box::new(move || {
+        if !installed {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("{} is not installed in the pod", command[0]),
+            ));
+        }
+        let program = if command[0].rsplit('/').next() == Some("mo-operator") {
+            std::env::current_exe().unwrap_or_else(|_| command[0].clone().into())
+        } else {
+            command[0].clone().into()
+        };
+        tracing::info!(?command, "preStop hook command");
+        std::process::Command::new(program)
+            .args(&command[1..])
+            .envs(env)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+    }))
+}
+
 impl DataPlane {
-    /// Runs (or follows) the pod's preStop hook, as a kubelet does before SIGTERM. Our own
-    /// binary named in the hook is this executable (the image is simulated, the hook is real).
-    fn pre_stop(&self, pod: &Pod, uid: &str, grace: Option<Duration>) -> PreStop {
-        let Some((command, env)) = pre_stop_command(pod) else {
+    /// Runs (or follows) a preStop hook, as a kubelet does before SIGTERM. `uid` keys the
+    /// hook: the pod's UID for its first container (`<uid>/<container>` for the others);
+    /// `hook` starts it (None: the container has no hook). The grace period counts from the
+    /// hook's start.
+    fn pre_stop(
+        &self,
+        pod: &Pod,
+        uid: &str,
+        grace: Option<Duration>,
+        hook: Option<StartHook<'_>>,
+    ) -> PreStop {
+        let Some(start) = hook else {
             return PreStop::NoHook;
         };
-        // A hook installed by an init container exists only if the pod has that container
-        // (this kubelet runs no init containers; it checks the pod would have the binary).
-        let installed = !command[0].starts_with(mo_kube::resources::HOOK_DIR)
-            || pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.init_containers.as_ref())
-                .is_some_and(|c| c.iter().any(|c| c.name == "install-drain-hook"));
         let grace = grace.unwrap_or(Duration::from_secs(30));
         let mut hooks = self.hooks.lock().expect("hooks lock");
         let run = hooks.entry(uid.to_string()).or_insert_with(|| {
-            let program = if command[0].rsplit('/').next() == Some("mo-operator") {
-                std::env::current_exe().unwrap_or_else(|_| command[0].clone().into())
-            } else {
-                command[0].clone().into()
-            };
-            let child = if installed {
-                std::process::Command::new(program)
-                    .args(&command[1..])
-                    .envs(env)
-                    .stdin(std::process::Stdio::null())
-                    .spawn()
-            } else {
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    format!("{} is not installed in the pod", command[0]),
-                ))
-            };
+            let child = start();
             if let Err(e) = &child {
                 tracing::warn!(pod = %pod.name_any(), error = %e, "preStop hook did not start");
             }
-            tracing::info!(pod = %pod.name_any(), ?command, "preStop hook started");
+            tracing::info!(pod = %pod.name_any(), hook = %uid, "preStop hook started");
             HookRun {
                 remaining: child.is_err().then_some(grace),
                 child: child.ok(),
@@ -486,6 +547,10 @@ pub async fn run(args: Args) -> Result<()> {
         .await
         .context("connecting to the Kubernetes API (KUBECONFIG)")?;
     ensure_nodes(&client, args.nodes).await?;
+    let processes = match args.runtime {
+        RuntimeKind::Sim => None,
+        RuntimeKind::Process => Some(process::Runtime::new(&args)?),
+    };
     let plane = Arc::new(DataPlane {
         clusters: Mutex::new(BTreeMap::new()),
         args: args.clone(),
@@ -498,12 +563,13 @@ pub async fn run(args: Args) -> Result<()> {
             (Instant::now().elapsed().subsec_nanos() % 256) as u8,
             1,
         ))),
+        processes,
     });
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
-    tracing::info!(listen = %args.listen, time_scale = args.time_scale, "simulated data plane serving its test API");
-    let app = Router::new()
+    tracing::info!(listen = %args.listen, runtime = ?args.runtime, time_scale = args.time_scale, "data plane serving its test API");
+    let mut app = Router::new()
         .route(
             "/v1/namespaces/{ns}/clusters/{name}/report",
             get(report_handler),
@@ -516,26 +582,32 @@ pub async fn run(args: Args) -> Result<()> {
             "/v1/namespaces/{ns}/clusters/{name}/lock-tables",
             get(lock_tables_handler),
         )
-        .route("/v1/prestop/{uid}", get(prestop_handler))
-        .with_state(plane.clone());
+        .route("/v1/prestop/{uid}", get(prestop_handler));
+    if plane.processes.is_some() {
+        app = app.merge(process::routes());
+    }
+    let app = app.with_state(plane.clone());
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "test API stopped");
         }
     });
 
-    let clusters = cache(
-        Api::<MatrixOneCluster>::all(client.clone()),
-        watcher::Config::default(),
-    );
     let pods = cache(
         Api::<Pod>::all(client.clone()),
         watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}")),
     );
     let nodes = cache(Api::<Node>::all(client.clone()), watcher::Config::default());
-    clusters.wait_until_ready().await?;
     pods.wait_until_ready().await?;
     nodes.wait_until_ready().await?;
+    if plane.processes.is_some() {
+        return process::run(&plane, &client, &pods, &nodes).await;
+    }
+    let clusters = cache(
+        Api::<MatrixOneCluster>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    clusters.wait_until_ready().await?;
     let mut images_written: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     loop {
         if let Err(e) = tick(
@@ -658,28 +730,8 @@ async fn tick(
             sims.insert(key.clone(), sim);
         }
     }
-    let schedulable: Vec<String> = {
-        let mut v: Vec<String> = nodes
-            .state()
-            .iter()
-            .filter(|n| n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true))
-            .filter(|n| {
-                n.metadata
-                    .labels
-                    .as_ref()
-                    .is_some_and(|l| l.contains_key("ops.matrixorigin.io/simulated"))
-            })
-            .map(|n| n.name_any())
-            .collect();
-        v.sort();
-        v
-    };
-    let mut load: BTreeMap<String, usize> = BTreeMap::new();
-    for pod in all_pods.iter() {
-        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
-            *load.entry(node).or_default() += 1;
-        }
-    }
+    let schedulable = fake_nodes(nodes, true);
+    let mut load = node_load(&all_pods);
     let mut writes: Vec<(String, String, serde_json::Value)> = Vec::new();
     let mut removals: Vec<(String, String, String)> = Vec::new();
     let mut bindings: Vec<(String, String, String)> = Vec::new();
@@ -743,17 +795,12 @@ async fn tick(
                         // locality), then the fewest pods (spread), then by name.
                         let version = mo_kube::observation::spec_version(pod);
                         let images = sim.model.node_images();
-                        let target = schedulable
-                            .iter()
-                            .min_by_key(|n| {
-                                let has_image =
-                                    images.get(*n).is_some_and(|v| v.contains(&version));
-                                (!has_image, load.get(*n).copied().unwrap_or(0), (*n).clone())
-                            })
-                            .expect("not empty")
-                            .clone();
-                        *load.entry(target.clone()).or_default() += 1;
-                        bindings.push((key.0.clone(), name, target));
+                        let target = pick_node(&schedulable, &mut load, |n| {
+                            images.get(n).is_some_and(|v| v.contains(&version))
+                        });
+                        if let Some(target) = target {
+                            bindings.push((key.0.clone(), name, target));
+                        }
                     }
                     continue;
                 };
@@ -800,7 +847,7 @@ async fn tick(
                         .map(|s| Duration::from_secs(s.max(0) as u64));
                     // As the kubelet does: the preStop hook first, SIGTERM once it returned,
                     // with what is left of the grace period.
-                    match plane.pre_stop(pod, &uid, grace) {
+                    match plane.pre_stop(pod, &uid, grace, sim_hook(pod)) {
                         PreStop::Running => {}
                         PreStop::Finished { remaining } => sim.model.pod_deleting(
                             &short,
@@ -859,67 +906,21 @@ async fn tick(
             }
         }
     }
-    for (ns, name, node) in bindings {
-        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        let binding = Binding {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                ..ObjectMeta::default()
-            },
-            target: ObjectReference {
-                kind: Some("Node".into()),
-                name: Some(node),
-                api_version: Some("v1".into()),
-                ..ObjectReference::default()
-            },
-        };
-        if let Err(e) = api
-            .create_subresource::<Binding, serde_json::Value>(
-                "binding",
-                &name,
-                &PostParams::default(),
-                &binding,
-            )
-            .await
-        {
-            tracing::debug!(pod = %name, error = %e, "binding failed (retried)");
-        }
-    }
-    for (ns, name, status) in writes {
-        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        if let Err(e) = api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-        {
-            tracing::debug!(pod = %name, error = %e, "status write failed (retried)");
-        }
-    }
+    bind_pods(client, bindings).await;
+    write_statuses(client, writes).await;
     for (ns, name, uid) in removals {
-        // The kubelet's own finalization: the containers have exited.
-        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        let params = DeleteParams {
-            grace_period_seconds: Some(0),
-            preconditions: Some(Preconditions {
-                uid: Some(uid.clone()),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match api.delete(&name, &params).await {
-            Ok(_) | Err(kube::Error::Api(_)) => {
-                let mut sims = plane.clusters.lock().expect("clusters lock");
-                for (k, sim) in sims.iter_mut() {
-                    if k.0 == ns
-                        && let Some(short) = sim.bound.remove(&uid)
-                    {
-                        plane.forget_hook(&uid);
-                        sim.model.pod_removed(&short, &uid);
-                        sim.written.remove(&uid);
-                        sim.servers.remove(&uid);
-                    }
+        if finalize(client, &ns, &name, &uid).await {
+            let mut sims = plane.clusters.lock().expect("clusters lock");
+            for (k, sim) in sims.iter_mut() {
+                if k.0 == ns
+                    && let Some(short) = sim.bound.remove(&uid)
+                {
+                    plane.forget_hook(&uid);
+                    sim.model.pod_removed(&short, &uid);
+                    sim.written.remove(&uid);
+                    sim.servers.remove(&uid);
                 }
             }
-            Err(e) => tracing::debug!(pod = %name, error = %e, "finalizing failed (retried)"),
         }
     }
     // Node images: what the simulated nodes hold, as image references.
@@ -957,6 +958,126 @@ async fn tick(
         }
     }
     Ok(())
+}
+
+/// The fake nodes (sorted by name); only the schedulable ones with `schedulable`.
+fn fake_nodes(nodes: &Store<Node>, schedulable: bool) -> Vec<String> {
+    let mut v: Vec<String> = nodes
+        .state()
+        .iter()
+        .filter(|n| !schedulable || n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true))
+        .filter(|n| {
+            n.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key("ops.matrixorigin.io/simulated"))
+        })
+        .map(|n| n.name_any())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Pods bound to each node.
+fn node_load(pods: &[Arc<Pod>]) -> BTreeMap<String, usize> {
+    let mut load: BTreeMap<String, usize> = BTreeMap::new();
+    for pod in pods {
+        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+            *load.entry(node).or_default() += 1;
+        }
+    }
+    load
+}
+
+/// The node for one more pod, as the scheduler scores: a `preferred` node (e.g. one holding
+/// the image), then the fewest pods (spread), then by name. The choice counts in `load`.
+fn pick_node(
+    schedulable: &[String],
+    load: &mut BTreeMap<String, usize>,
+    preferred: impl Fn(&str) -> bool,
+) -> Option<String> {
+    let target = schedulable
+        .iter()
+        .min_by_key(|n| {
+            (
+                !preferred(n),
+                load.get(*n).copied().unwrap_or(0),
+                (*n).clone(),
+            )
+        })?
+        .clone();
+    *load.entry(target.clone()).or_default() += 1;
+    Some(target)
+}
+
+/// Binds pods to nodes (namespace, pod, node); a failure is retried on the next tick.
+async fn bind_pods(client: &Client, bindings: Vec<(String, String, String)>) {
+    for (ns, name, node) in bindings {
+        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let binding = Binding {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            },
+            target: ObjectReference {
+                kind: Some("Node".into()),
+                name: Some(node),
+                api_version: Some("v1".into()),
+                ..ObjectReference::default()
+            },
+        };
+        if let Err(e) = api
+            .create_subresource::<Binding, serde_json::Value>(
+                "binding",
+                &name,
+                &PostParams::default(),
+                &binding,
+            )
+            .await
+        {
+            tracing::debug!(pod = %name, error = %e, "binding failed (retried)");
+        }
+    }
+}
+
+/// Writes pod statuses (namespace, pod, merge patch); returns the indices that failed.
+async fn write_statuses(
+    client: &Client,
+    writes: Vec<(String, String, serde_json::Value)>,
+) -> Vec<usize> {
+    let mut failed = Vec::new();
+    for (i, (ns, name, status)) in writes.into_iter().enumerate() {
+        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        if let Err(e) = api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+        {
+            tracing::debug!(pod = %name, error = %e, "status write failed (retried)");
+            failed.push(i);
+        }
+    }
+    failed
+}
+
+/// The kubelet's own finalization once the containers have exited: deletes the pod
+/// instance `uid` at once. True when it is gone (or was already).
+async fn finalize(client: &Client, ns: &str, name: &str, uid: &str) -> bool {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) | Err(kube::Error::Api(_)) => true,
+        Err(e) => {
+            tracing::debug!(pod = %name, error = %e, "finalizing failed (retried)");
+            false
+        }
+    }
 }
 
 fn pod_status(

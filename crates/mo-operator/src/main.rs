@@ -91,6 +91,9 @@ enum Command {
     DrainHook(hook::Args),
     /// Copy this binary to PATH (the CN pods' init container installs the hook with it).
     InstallHook { path: std::path::PathBuf },
+    /// The process runtime's container launcher (started by `kubelet --runtime process`).
+    #[command(hide = true)]
+    KubeletExec(kubelet::exec::Args),
 }
 
 fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
@@ -102,6 +105,10 @@ fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    if let Command::KubeletExec(args) = &cli.command {
+        // Before anything else: the launcher must stay single-threaded to enter namespaces.
+        std::process::exit(kubelet::exec::main(args));
+    }
     let long_running = matches!(cli.command, Command::Run(_) | Command::Kubelet(_));
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(if long_running { "info" } else { "warn" })
@@ -123,6 +130,7 @@ fn main() -> Result<()> {
         Command::Run(args) => tokio_runtime()?.block_on(operate::run(*args)),
         Command::Kubelet(args) => tokio_runtime()?.block_on(kubelet::run(args)),
         Command::InstallHook { path } => hook::install(&path),
+        Command::KubeletExec(_) => unreachable!("handled before logging starts"),
         Command::DrainHook(args) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?
