@@ -614,6 +614,7 @@ mod tests {
             version: "v1".into(),
             terminating: false,
             restarts: 0,
+            started_at: Some(Millis(0)),
             cn_uuid: Some("u1".into()),
             pool_phase: None,
         };

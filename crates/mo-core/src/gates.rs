@@ -138,8 +138,29 @@ pub fn wal_writable(d: &ClusterDetails) -> Gate {
     Ok(())
 }
 
-/// TN: Running on `version`, heartbeating as an instance other than `not_epoch`, WAL writable.
-pub fn tn_healthy(obs: &Observation, version: &str, not_epoch: Option<u64>) -> Gate {
+/// `startedAt` has one-second precision, and HAKeeper's ticks and ours differ a little.
+pub const START_MARGIN: Millis = Millis(1_500);
+
+/// The last heartbeat HAKeeper holds for `pod` came from its current container. HAKeeper keeps
+/// a store's record (and its UpTime) across a quick restart and cannot tell the new process
+/// from the old; Kubernetes can. The old process was gone before the new container started,
+/// so a heartbeat younger than the container can only be the new process's.
+pub fn heard_since_start(obs: &Observation, pod: &PodObservation, heartbeat_age: Millis) -> Gate {
+    let started = pod
+        .started_at
+        .ok_or_else(|| format!("{}: its container's start time is unknown", pod.name))?;
+    let running_for = obs.now - started;
+    if running_for <= heartbeat_age + START_MARGIN {
+        return Err(format!(
+            "{}: no heartbeat yet from the container started {running_for} ago (HAKeeper's last is {heartbeat_age} old)",
+            pod.name
+        ));
+    }
+    Ok(())
+}
+
+/// TN: Running on `version`, heartbeating from its current container, WAL writable.
+pub fn tn_healthy(obs: &Observation, version: &str) -> Gate {
     let pod = obs.pods_of(Component::Tn).next().ok_or("no TN pod")?;
     pod_on_version(pod, version)?;
     let d = details(obs)?;
@@ -147,9 +168,7 @@ pub fn tn_healthy(obs: &Observation, version: &str, not_epoch: Option<u64>) -> G
     if tn.heartbeat_age > HEARTBEAT_FRESH {
         return Err(format!("TN heartbeat is {} old", tn.heartbeat_age));
     }
-    if not_epoch == Some(tn.start_epoch) {
-        return Err("HAKeeper still shows the TN instance from before the restart".into());
-    }
+    heard_since_start(obs, pod, tn.heartbeat_age)?;
     wal_writable(d)
 }
 
@@ -157,25 +176,22 @@ pub fn cn_record<'a>(d: &'a ClusterDetails, uuid: &str) -> Option<&'a CnStoreVie
     d.cns.iter().find(|c| c.uuid == uuid)
 }
 
-/// CN: registered with HAKeeper as a new instance on `version`, heartbeating, Working.
-pub fn cn_healthy(obs: &Observation, pod: &str, version: &str, not_epoch: Option<u64>) -> Gate {
+/// CN: registered with HAKeeper, heartbeating from its current container, on `version`
+/// (the version it registers), Working.
+pub fn cn_healthy(obs: &Observation, pod: &str, version: &str) -> Gate {
     let p = obs.pod(pod).ok_or_else(|| format!("{pod} has no pod"))?;
     pod_on_version(p, version)?;
     let uuid = p.cn_uuid.as_deref().ok_or("not a CN pod")?;
     let d = details(obs)?;
     let record = cn_record(d, uuid)
         .ok_or_else(|| format!("{pod} ({uuid}) is not registered with HAKeeper"))?;
-    if not_epoch == Some(record.start_epoch) {
-        return Err(format!(
-            "{pod}: HAKeeper still shows the instance from before the restart"
-        ));
-    }
     if record.heartbeat_age > HEARTBEAT_FRESH {
         return Err(format!(
             "{pod}: last heartbeat {} ago",
             record.heartbeat_age
         ));
     }
+    heard_since_start(obs, p, record.heartbeat_age)?;
     if record.version != version {
         return Err(format!(
             "{pod}: HAKeeper reports version {}",
@@ -236,10 +252,10 @@ pub fn component_gate(obs: &Observation, component: Component, version: &str) ->
             }
             Ok(())
         }
-        Component::Tn => tn_healthy(obs, version, None),
+        Component::Tn => tn_healthy(obs, version),
         Component::Cn => {
             for p in &pods {
-                cn_healthy(obs, &p.name, version, None)?;
+                cn_healthy(obs, &p.name, version)?;
             }
             Ok(())
         }

@@ -60,6 +60,11 @@ pub struct PodObservation {
     /// A deletion was requested (the pod is shutting down).
     pub terminating: bool,
     pub restarts: u32,
+    /// When the pod's running container started, in the observation's clock (Kubernetes'
+    /// `startedAt`, one-second precision). With the pod's UID and restart count this is the
+    /// instance: HAKeeper cannot tell a quickly restarted process from the old one.
+    #[serde(default)]
+    pub started_at: Option<Millis>,
     /// For CN pods: the UUID derived from the pod's DNS name.
     pub cn_uuid: Option<String>,
     pub pool_phase: Option<PoolPhase>,

@@ -338,7 +338,7 @@ impl Rollout {
                 let gate = if crashed {
                     Err(format!("{pod} restarted on its own since it came up"))
                 } else {
-                    pod_gate(obs, component, &pod, &version, old_epoch)
+                    pod_gate(obs, component, &pod, &version)
                 };
                 let restarts = obs.pod(&pod).map_or(restarts, |p| p.restarts);
                 match gate {
@@ -680,18 +680,13 @@ impl Rollout {
     }
 }
 
-/// The functional gate of one restarted pod.
-pub fn pod_gate(
-    obs: &Observation,
-    component: Component,
-    pod: &str,
-    version: &str,
-    old_epoch: Option<u64>,
-) -> Gate {
+/// The functional gate of one restarted pod. Its new instance is known by Kubernetes' record
+/// of its container (HAKeeper's UpTime survives a quick restart).
+pub fn pod_gate(obs: &Observation, component: Component, pod: &str, version: &str) -> Gate {
     match component {
         Component::Log => gates::log_replica_healthy(obs, pod, version),
-        Component::Tn => gates::tn_healthy(obs, version, old_epoch),
-        Component::Cn => gates::cn_healthy(obs, pod, version, old_epoch),
+        Component::Tn => gates::tn_healthy(obs, version),
+        Component::Cn => gates::cn_healthy(obs, pod, version),
         Component::Proxy => gates::proxy_healthy(obs, pod, version),
     }
 }

@@ -16,6 +16,7 @@ fn pod(name: &str, component: Component, version: &str, uid: &str) -> PodObserva
         version: version.into(),
         terminating: false,
         restarts: 0,
+        started_at: Some(Millis(0)),
         cn_uuid: (component == Component::Cn).then(|| format!("uuid-{name}")),
         pool_phase: None,
     }
@@ -147,21 +148,44 @@ fn leadership_moves_to_a_caught_up_peer() {
 #[test]
 fn cn_gate_wants_the_new_instance_working_and_fresh() {
     let mut o = cluster("v2");
-    assert!(gates::cn_healthy(&o, "cn-0", "v2", Some(9)).is_ok());
+    assert!(gates::cn_healthy(&o, "cn-0", "v2").is_ok());
+    // A container started 2 s ago while HAKeeper's last heartbeat is 1 s old: that heartbeat
+    // may be the old process's (HAKeeper keeps a quickly restarted CN's record and UpTime).
+    let now = o.now;
+    let started = |o: &mut Observation, at: Millis| {
+        o.pods
+            .iter_mut()
+            .find(|p| p.name == "cn-0")
+            .unwrap()
+            .started_at = Some(at);
+    };
+    started(&mut o, now - Millis(2_000));
+    o.hakeeper.as_mut().unwrap().cns[0].heartbeat_age = Millis(1_000);
     assert!(
-        gates::cn_healthy(&o, "cn-0", "v2", Some(10))
+        gates::cn_healthy(&o, "cn-0", "v2")
             .unwrap_err()
-            .contains("before the restart")
+            .contains("no heartbeat yet from the container")
     );
+    // Heard from after its start: the new instance.
+    o.hakeeper.as_mut().unwrap().cns[0].heartbeat_age = Millis(200);
+    assert!(gates::cn_healthy(&o, "cn-0", "v2").is_ok());
+    // No start time known: no evidence.
+    o.pods
+        .iter_mut()
+        .find(|p| p.name == "cn-0")
+        .unwrap()
+        .started_at = None;
+    assert!(gates::cn_healthy(&o, "cn-0", "v2").is_err());
+    started(&mut o, Millis(0));
     o.hakeeper.as_mut().unwrap().cns[0].heartbeat_age = Millis(10_000);
     assert!(
-        gates::cn_healthy(&o, "cn-0", "v2", None)
+        gates::cn_healthy(&o, "cn-0", "v2")
             .unwrap_err()
             .contains("heartbeat")
     );
     o.hakeeper.as_mut().unwrap().cns.remove(0);
     assert!(
-        gates::cn_healthy(&o, "cn-0", "v2", None)
+        gates::cn_healthy(&o, "cn-0", "v2")
             .unwrap_err()
             .contains("not registered")
     );
@@ -170,13 +194,9 @@ fn cn_gate_wants_the_new_instance_working_and_fresh() {
 #[test]
 fn tn_gate_wants_heartbeats_and_a_writable_wal() {
     let mut o = cluster("v2");
-    assert!(gates::tn_healthy(&o, "v2", Some(4)).is_ok());
+    assert!(gates::tn_healthy(&o, "v2").is_ok());
     o.hakeeper.as_mut().unwrap().log_shards[1] = shard(1, "log-0", &[true, false, false]);
-    assert!(
-        gates::tn_healthy(&o, "v2", None)
-            .unwrap_err()
-            .contains("WAL")
-    );
+    assert!(gates::tn_healthy(&o, "v2").unwrap_err().contains("WAL"));
 }
 
 #[test]

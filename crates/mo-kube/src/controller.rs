@@ -515,10 +515,13 @@ async fn patch_status_value(
 /// is over.
 fn bootstrapped(details: &mo_core::ClusterDetails, bootstrap: &crate::crd::LogBootstrap) -> bool {
     let hakeeper = details.log_shards.iter().find(|s| s.shard_id == 0);
-    let members_up = hakeeper.is_some_and(|s| {
-        s.replicas.iter().filter(|r| r.up).count() >= bootstrap.members.len()
-    });
-    let shards = details.log_shards.iter().filter(|s| s.shard_id != 0).count();
+    let members_up = hakeeper
+        .is_some_and(|s| s.replicas.iter().filter(|r| r.up).count() >= bootstrap.members.len());
+    let shards = details
+        .log_shards
+        .iter()
+        .filter(|s| s.shard_id != 0)
+        .count();
     members_up && shards >= bootstrap.shards.max(1) as usize
 }
 

@@ -154,7 +154,9 @@ fn default_volume_size() -> Quantity {
     Quantity("10Gi".into())
 }
 
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
 pub enum Retention {
     /// Keep the claims (and the data): a cluster created again with the same name finds them.
     #[default]
@@ -220,7 +222,9 @@ pub struct FileSystemStorage {
     pub path: String,
 }
 
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
 pub enum ServiceType {
     #[default]
     ClusterIP,

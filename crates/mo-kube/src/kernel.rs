@@ -13,7 +13,7 @@
 
 use crate::observation::{cluster_pods, component_of};
 use k8s_openapi::api::core::v1::Pod;
-use mo_core::component::cn_uuid;
+use mo_core::component::{cn_uuid, store_uuid};
 use mo_core::{
     Action, ActionError, ActionOutput, AllocatorView, ClusterDetails, CnActivity, CnStoreView,
     Component, DrainAnswer, KernelView, LogReplicaView, LogShardView, Millis, ObservationError,
@@ -108,11 +108,18 @@ fn host_of(address: &str) -> &str {
     host.trim_start_matches('[').trim_end_matches(']')
 }
 
-/// The pod a store runs in: by name (the simulated kernel and the usual configuration use
-/// the pod name as the store UUID), else by the IP its address names.
+/// The pod a store runs in: by the UUID the operator rendered for the pod
+/// ([`store_uuid`], the same function that rendered it), else by its name (the simulated
+/// kernel names stores by pod), else by the IP its address names.
 fn pod_of_store<'a>(pods: &[&'a Pod], uuid: &str, address: &str) -> Option<&'a Pod> {
     pods.iter()
-        .find(|p| pod_name(p) == uuid)
+        .find(|p| {
+            component_of(p)
+                .and_then(|c| store_uuid(c, pod_name(p)))
+                .as_deref()
+                == Some(uuid)
+        })
+        .or_else(|| pods.iter().find(|p| pod_name(p) == uuid))
         .or_else(|| {
             let host = host_of(address);
             pods.iter().find(|p| {
@@ -287,8 +294,10 @@ pub fn proxy_routes(
         .filter(|p| component_of(p) == Some(Component::Proxy))
         .map(|pod| {
             let name = pod_name(pod);
+            let rendered = store_uuid(Component::Proxy, name);
             let store = proxies.iter().find(|(uuid, s)| {
-                uuid.as_str() == name
+                Some(uuid.as_str()) == rendered.as_deref()
+                    || uuid.as_str() == name
                     || pod_ip(pod).is_some_and(|ip| host_of(&s.listen_address) == ip)
             });
             let answer = match store {
@@ -308,6 +317,25 @@ pub fn proxy_routes(
             (name.to_string(), answer)
         })
         .collect()
+}
+
+/// Client sessions among a CN's sessions. Every CN also lists the kernel's own sessions, which
+/// never leave it (measured on v1.2.4: an idle CN lists several): those of `mo_logger`, the
+/// statement logger's user (`util/export/etl/db/db_holder.go`), and those of HAKeeper's task
+/// user, a random UUID (`logservice/store_hakeeper_check.go` `randomUser`; or the
+/// `mo_admin_user` environment variable, which this operator never sets).
+pub fn client_sessions(sessions: &[mo_rpc::pb::status::Session]) -> u32 {
+    let internal = |user: &str| user == "mo_logger" || is_uuid(user);
+    sessions.iter().filter(|s| !internal(&s.user)).count() as u32
+}
+
+fn is_uuid(text: &str) -> bool {
+    let groups: Vec<&str> = text.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| g.len() == n && g.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
 /// A CN's shard replicas. A kernel without `GetReplicaCount` (v1.2 registers no handler for
@@ -560,7 +588,7 @@ impl KernelClients {
                 );
                 let activity = (|| {
                     Ok(CnActivity {
-                        sessions: sessions?.len() as u32,
+                        sessions: client_sessions(&sessions?),
                         pipelines: pipelines?.max(0) as u32,
                         replicas: replica_count(replicas)?,
                     })
@@ -658,6 +686,41 @@ mod tests {
             leader_id: leader,
             ..Default::default()
         }
+    }
+
+    /// The sessions an idle v1.2.4 CN listed (the kernel's own users), and a client's.
+    #[test]
+    fn only_client_sessions_count() {
+        let session = |user: &str| mo_rpc::pb::status::Session {
+            account: "sys".into(),
+            user: user.into(),
+            ..Default::default()
+        };
+        let idle = [
+            session("73aab91c-d219-4c7a-99bb-a8fe90a575aa"),
+            session("73aab91c-d219-4c7a-99bb-a8fe90a575aa"),
+            session("mo_logger"),
+        ];
+        assert_eq!(client_sessions(&idle), 0);
+        let mut busy = idle.to_vec();
+        busy.push(session("dump"));
+        busy.push(session("app-73aab91c"));
+        assert_eq!(client_sessions(&busy), 2);
+    }
+
+    /// LOG, TN and proxy records map to their pods by the UUID the operator rendered.
+    #[test]
+    fn stores_map_to_pods_by_the_rendered_uuid() {
+        let pods = [
+            pod("mo-log-0", "log", "10.0.0.1", "u0"),
+            pod("mo-log-1", "log", "10.0.0.2", "u1"),
+        ];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let uuid = store_uuid(Component::Log, "mo-log-1").unwrap();
+        assert_eq!(
+            pod_of_store(&refs, &uuid, "elsewhere:32001").map(pod_name),
+            Some("mo-log-1")
+        );
     }
 
     #[test]

@@ -53,11 +53,7 @@ pub fn ports(component: Component) -> Vec<(&'static str, i32)> {
             ("logservice", LOG_SERVICE),
             ("gossip", LOG_GOSSIP),
         ],
-        Component::Tn => vec![
-            ("txn", TN_TXN),
-            ("logtail", TN_LOGTAIL),
-            ("lock", TN_LOCK),
-        ],
+        Component::Tn => vec![("txn", TN_TXN), ("logtail", TN_LOGTAIL), ("lock", TN_LOCK)],
         Component::Cn => vec![
             ("sql", CN_SQL),
             ("pipeline", CN_PIPELINE),
@@ -133,10 +129,7 @@ fn file_services(cluster: &MatrixOneCluster) -> Value {
             s3: Some(s3),
             file_system: _,
         } => {
-            let prefix = s3
-                .prefix
-                .clone()
-                .unwrap_or_else(|| format!("{ns}/{name}"));
+            let prefix = s3.prefix.clone().unwrap_or_else(|| format!("{ns}/{name}"));
             let mut s3_table = vec![
                 ("endpoint", s(s3.endpoint.clone())),
                 ("bucket", s(s3.bucket.clone())),
@@ -166,7 +159,11 @@ fn file_services(cluster: &MatrixOneCluster) -> Value {
             ("data-dir", s(format!("{SHARED_DIR}/{dir}"))),
         ]),
     };
-    Value::Array(vec![local, shared("SHARED", "shared"), shared("ETL", "etl")])
+    Value::Array(vec![
+        local,
+        shared("SHARED", "shared"),
+        shared("ETL", "etl"),
+    ])
 }
 
 /// The configuration of `component` (of CN group `group`), with the role's override merged
@@ -308,8 +305,14 @@ pub fn render(
         }
     }
     let (override_text, field) = match component {
-        Component::Log => (cluster.spec.log.pods.config.as_deref(), "spec.log.config".to_string()),
-        Component::Tn => (cluster.spec.tn.pods.config.as_deref(), "spec.tn.config".to_string()),
+        Component::Log => (
+            cluster.spec.log.pods.config.as_deref(),
+            "spec.log.config".to_string(),
+        ),
+        Component::Tn => (
+            cluster.spec.tn.pods.config.as_deref(),
+            "spec.tn.config".to_string(),
+        ),
         Component::Proxy => (
             cluster.spec.proxy.pods.config.as_deref(),
             "spec.proxy.config".to_string(),
@@ -328,10 +331,12 @@ pub fn render(
         }
     };
     if let Some(text) = override_text {
-        let overrides: Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Override {
-            field,
-            message: e.message().to_string(),
-        })?;
+        let overrides: Table =
+            text.parse()
+                .map_err(|e: toml::de::Error| ConfigError::Override {
+                    field,
+                    message: e.message().to_string(),
+                })?;
         merge(&mut root, overrides);
     }
     Ok(toml::to_string(&root).expect("a TOML table always serializes"))
@@ -456,7 +461,10 @@ mod tests {
         let log = parsed(&render(&c, Component::Log, None, Some(&b)).expect("renders"));
         let config = &log["logservice"]["BootstrapConfig"];
         assert_eq!(config["bootstrap-cluster"].as_bool(), Some(true));
-        assert_eq!(config["init-hakeeper-members"].as_array().map(Vec::len), Some(3));
+        assert_eq!(
+            config["init-hakeeper-members"].as_array().map(Vec::len),
+            Some(3)
+        );
         b.done = true;
         let log = parsed(&render(&c, Component::Log, None, Some(&b)).expect("renders"));
         assert!(log["logservice"].get("BootstrapConfig").is_none());
@@ -464,10 +472,15 @@ mod tests {
 
     #[test]
     fn s3_and_file_system_storage_render_the_kernels_file_services() {
-        let fs = parsed(&render(&cluster(serde_json::json!({})), Component::Tn, None, None).expect("renders"));
+        let fs = parsed(
+            &render(&cluster(serde_json::json!({})), Component::Tn, None, None).expect("renders"),
+        );
         let services = fs["fileservice"].as_array().expect("array");
         assert_eq!(services[1]["backend"].as_str(), Some("DISK"));
-        assert_eq!(services[1]["data-dir"].as_str(), Some("/var/lib/matrixone-shared/shared"));
+        assert_eq!(
+            services[1]["data-dir"].as_str(),
+            Some("/var/lib/matrixone-shared/shared")
+        );
         assert_eq!(services[2]["backend"].as_str(), Some("DISK-ETL"));
         let s3 = cluster(serde_json::json!({"sharedStorage": {"s3": {
             "endpoint": "http://minio:9000", "bucket": "mo-data", "region": "eu-west-1"}}}));
@@ -481,16 +494,27 @@ mod tests {
 
     #[test]
     fn an_override_wins_key_by_key_and_a_bad_one_names_its_field() {
-        let c = cluster(serde_json::json!({"cn": {"groups": [{"name": "tp", "replicas": 1,
-            "config": "[cn.frontend]\nport = 7001\n[cn.txn]\nmode = \"optimistic\"\n"}]}}));
+        let c = cluster(
+            serde_json::json!({"cn": {"groups": [{"name": "tp", "replicas": 1,
+            "config": "[cn.frontend]\nport = 7001\n[cn.txn]\nmode = \"optimistic\"\n"}]}}),
+        );
         let t = parsed(&render(&c, Component::Cn, Some("tp"), None).expect("renders"));
         assert_eq!(t["cn"]["frontend"]["port"].as_integer(), Some(7001));
-        assert_eq!(t["cn"]["frontend"]["host"].as_str(), Some(POD_IP), "the rest stays");
+        assert_eq!(
+            t["cn"]["frontend"]["host"].as_str(),
+            Some(POD_IP),
+            "the rest stays"
+        );
         assert_eq!(t["cn"]["txn"]["mode"].as_str(), Some("optimistic"));
-        let bad = cluster(serde_json::json!({"cn": {"groups": [{"name": "tp", "replicas": 1,
-            "config": "[cn\n"}]}}));
+        let bad = cluster(
+            serde_json::json!({"cn": {"groups": [{"name": "tp", "replicas": 1,
+            "config": "[cn\n"}]}}),
+        );
         let err = render(&bad, Component::Cn, Some("tp"), None).expect_err("refused");
-        assert!(err.to_string().starts_with("spec.cn.groups[tp].config:"), "{err}");
+        assert!(
+            err.to_string().starts_with("spec.cn.groups[tp].config:"),
+            "{err}"
+        );
     }
 
     /// The start script computes the same UUID as the operator's adapter looks stores up by.
@@ -499,8 +523,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("mo-start-{}", std::process::id()));
         let config = dir.join("config");
         std::fs::create_dir_all(&config).expect("dir");
-        std::fs::write(config.join("log.toml"), format!("uuid = \"{UUID}\"\nip = \"{POD_IP}\"\n"))
-            .expect("write");
+        std::fs::write(
+            config.join("log.toml"),
+            format!("uuid = \"{UUID}\"\nip = \"{POD_IP}\"\n"),
+        )
+        .expect("write");
         let script = start_script()
             .replace(DATA_DIR, dir.to_str().expect("utf-8"))
             .replace(CONFIG_DIR, config.to_str().expect("utf-8"))
@@ -514,10 +541,17 @@ mod tests {
             .env("MO_UUID_DIGIT", "0")
             .output()
             .expect("sh runs");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let rendered = String::from_utf8_lossy(&out.stdout);
         let expected = mo_core::component::store_uuid(Component::Log, "mo-log-12").expect("uuid");
-        assert!(rendered.contains(&format!("uuid = \"{expected}\"")), "{rendered}");
+        assert!(
+            rendered.contains(&format!("uuid = \"{expected}\"")),
+            "{rendered}"
+        );
         assert!(rendered.contains("ip = \"10.1.2.3\""), "{rendered}");
         let _ = std::fs::remove_dir_all(&dir);
     }

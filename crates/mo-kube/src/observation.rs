@@ -68,6 +68,15 @@ pub fn spec_version(pod: &Pod) -> String {
         .unwrap_or_default()
 }
 
+fn main_status(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStatus> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == "main")
+}
+
 fn pod_observation(pod: &Pod, component: Component) -> PodObservation {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let status = pod.status.as_ref();
@@ -88,10 +97,10 @@ fn pod_observation(pod: &Pod, component: Component) -> PodObservation {
         ready: is_ready(pod),
         version: running_version(pod),
         terminating: pod.metadata.deletion_timestamp.is_some(),
-        restarts: status
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.name == "main"))
-            .map_or(0, |c| c.restart_count.max(0) as u32),
+        restarts: main_status(pod).map_or(0, |c| c.restart_count.max(0) as u32),
+        started_at: main_status(pod)
+            .and_then(|c| c.state.as_ref()?.running.as_ref()?.started_at.as_ref())
+            .map(|t| Millis(t.0.as_millisecond().max(0) as u64)),
         name,
         pool_phase: None,
     }

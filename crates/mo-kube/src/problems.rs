@@ -100,7 +100,10 @@ pub fn find(cluster: &MatrixOneCluster, pods: &[Pod], missing_classes: &[String]
                     .state
                     .as_ref()
                     .and_then(|s| s.terminated.as_ref())
-                    .or(status.last_state.as_ref().and_then(|s| s.terminated.as_ref()));
+                    .or(status
+                        .last_state
+                        .as_ref()
+                        .and_then(|s| s.terminated.as_ref()));
                 let message = terminated
                     .and_then(|t| t.message.clone())
                     .unwrap_or_default();

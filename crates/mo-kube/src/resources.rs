@@ -233,7 +233,11 @@ pub fn quantity_bytes(q: &str) -> Option<u64> {
 /// What every MatrixOne container is given: its identity from the downward API, its role's
 /// configuration file, how its UUID is formed, the memory limit for Go's collector, and the
 /// credentials the spec names.
-fn kernel_env(cluster: &MatrixOneCluster, component: Component, group: Option<&str>) -> Vec<EnvVar> {
+fn kernel_env(
+    cluster: &MatrixOneCluster,
+    component: Component,
+    group: Option<&str>,
+) -> Vec<EnvVar> {
     let mut env = vec![
         field_env("POD_NAME", "metadata.name"),
         field_env("POD_NAMESPACE", "metadata.namespace"),
@@ -254,7 +258,11 @@ fn kernel_env(cluster: &MatrixOneCluster, component: Component, group: Option<&s
     }
     if let Some(s3) = &cluster.spec.shared_storage.s3 {
         if let Some(c) = &s3.credentials_secret {
-            env.push(secret_env("AWS_ACCESS_KEY_ID", &c.name, &c.access_key_id_key));
+            env.push(secret_env(
+                "AWS_ACCESS_KEY_ID",
+                &c.name,
+                &c.access_key_id_key,
+            ));
             env.push(secret_env(
                 "AWS_SECRET_ACCESS_KEY",
                 &c.name,
@@ -855,7 +863,12 @@ mod tests {
         let main = &pod.containers[0];
         assert_eq!(
             main.command.as_deref(),
-            Some(&["/bin/sh".to_string(), format!("{CONFIG_DIR}/{START_SCRIPT}")][..])
+            Some(
+                &[
+                    "/bin/sh".to_string(),
+                    format!("{CONFIG_DIR}/{START_SCRIPT}")
+                ][..]
+            )
         );
         assert!(main.args.is_none());
         let env = env_of(&pod);
@@ -878,9 +891,7 @@ mod tests {
             Some("Retain")
         );
         assert!(
-            pod.affinity
-                .and_then(|a| a.pod_anti_affinity)
-                .is_some(),
+            pod.affinity.and_then(|a| a.pod_anti_affinity).is_some(),
             "LOG replicas prefer different nodes"
         );
         assert!(pod.tolerations.is_none(), "nothing only a test needs");
@@ -937,9 +948,15 @@ mod tests {
             Some(("s3".into(), "AWS_ACCESS_KEY_ID".into()))
         );
         assert_eq!(env["AWS_REGION"].value.as_deref(), Some("eu-west-1"));
-        assert!(!env.contains_key("DEFAULT_PASSWORD"), "only CNs create the catalog");
+        assert!(
+            !env.contains_key("DEFAULT_PASSWORD"),
+            "only CNs create the catalog"
+        );
         assert_eq!(log.node_selector.expect("selector")["disk"], "ssd");
-        assert_eq!(log.containers[0].image_pull_policy.as_deref(), Some("Always"));
+        assert_eq!(
+            log.containers[0].image_pull_policy.as_deref(),
+            Some("Always")
+        );
         assert_eq!(log.image_pull_secrets.expect("secrets")[0].name, "registry");
         assert!(
             log.volumes.iter().flatten().all(|v| v.host_path.is_none()),
@@ -952,11 +969,17 @@ mod tests {
             .as_ref()
             .and_then(|v| v.secret_key_ref.clone())
             .expect("from the secret");
-        assert_eq!((password.name.as_str(), password.key.as_str()), ("root", "password"));
+        assert_eq!(
+            (password.name.as_str(), password.key.as_str()),
+            ("root", "password")
+        );
         let svc = sql_service(&c);
         let svc_spec = svc.spec.expect("spec");
         assert_eq!(svc_spec.type_.as_deref(), Some("LoadBalancer"));
-        assert_eq!(svc_spec.selector.expect("selector")[LABEL_COMPONENT], "proxy");
+        assert_eq!(
+            svc_spec.selector.expect("selector")[LABEL_COMPONENT],
+            "proxy"
+        );
         assert_eq!(svc.metadata.annotations.expect("annotations")["a"], "b");
     }
 
@@ -977,7 +1000,13 @@ mod tests {
         let keys: Vec<&str> = data.keys().map(String::as_str).collect();
         assert_eq!(
             keys,
-            ["cn-tp.toml", "log.toml", "proxy.toml", START_SCRIPT, "tn.toml"]
+            [
+                "cn-tp.toml",
+                "log.toml",
+                "proxy.toml",
+                START_SCRIPT,
+                "tn.toml"
+            ]
         );
         assert!(data["log.toml"].contains("bootstrap-cluster = true"));
     }

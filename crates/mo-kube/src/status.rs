@@ -308,7 +308,11 @@ pub fn build(
     let degraded_reasons: Vec<String> = problems
         .iter()
         .cloned()
-        .chain(kernel_error.iter().map(|e| format!("kernel unreachable: {e}")))
+        .chain(
+            kernel_error
+                .iter()
+                .map(|e| format!("kernel unreachable: {e}")),
+        )
         .chain(alarms)
         .collect();
     let degraded = condition(

@@ -124,6 +124,9 @@ struct SimCluster {
     bound: BTreeMap<String, String>,
     /// Each bound pod's address and kernel RPC server, by UID.
     servers: BTreeMap<String, kernel_rpc::PodServer>,
+    /// When each pod's process last started (wall clock, as a kubelet reports `startedAt`),
+    /// with the restart count it started under, by UID.
+    started: BTreeMap<String, (u32, String)>,
 }
 
 impl SimCluster {
@@ -250,11 +253,20 @@ fn sim_hook(pod: &Pod) -> Option<StartHook<'static>> {
             command[0].clone().into()
         };
         tracing::info!(?command, "preStop hook command");
-        std::process::Command::new(program)
-            .args(&command[1..])
+        let mut hook = std::process::Command::new(program);
+        hook.args(&command[1..])
             .envs(env)
-            .stdin(std::process::Stdio::null())
-            .spawn()
+            .stdin(std::process::Stdio::null());
+        // A hook never outlives the data plane (a leftover would keep waiting forever).
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            hook.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                    .map_err(std::io::Error::from)
+            });
+        }
+        hook.spawn()
     }))
 }
 
@@ -722,6 +734,7 @@ async fn tick(
                 written: BTreeMap::new(),
                 bound: BTreeMap::new(),
                 servers: BTreeMap::new(),
+                started: BTreeMap::new(),
             };
             for short in scenario.cn_pod_names() {
                 sim.learn_cn(key, &short);
@@ -874,6 +887,7 @@ async fn tick(
                 sim.model.pod_vanished(&short, &uid);
                 sim.bound.remove(&uid);
                 sim.servers.remove(&uid);
+                sim.started.remove(&uid);
                 sim.written.remove(&uid);
             }
             plane.advance(sim);
@@ -898,7 +912,20 @@ async fn tick(
                     continue;
                 }
                 let ip = sim.servers.get(&report.uid).map(|s| s.ip);
-                let status = pod_status(&report, &image, ip);
+                let started_at = if report.running {
+                    let entry = sim
+                        .started
+                        .entry(report.uid.clone())
+                        .or_insert_with(|| (report.restarts, now_rfc3339()));
+                    if entry.0 != report.restarts {
+                        *entry = (report.restarts, now_rfc3339());
+                    }
+                    Some(entry.1.clone())
+                } else {
+                    sim.started.remove(&report.uid);
+                    None
+                };
+                let status = pod_status(&report, &image, ip, started_at.as_deref());
                 if sim.written.get(&report.uid) != Some(&status) {
                     sim.written.insert(report.uid.clone(), status.clone());
                     writes.push((key.0.clone(), name, json!({"status": status})));
@@ -919,6 +946,7 @@ async fn tick(
                     sim.model.pod_removed(&short, &uid);
                     sim.written.remove(&uid);
                     sim.servers.remove(&uid);
+                    sim.started.remove(&uid);
                 }
             }
         }
@@ -1080,14 +1108,23 @@ async fn finalize(client: &Client, ns: &str, name: &str, uid: &str) -> bool {
     }
 }
 
+/// Now as a kubelet writes times (RFC 3339, whole seconds).
+fn now_rfc3339() -> String {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    k8s_openapi::jiff::Timestamp::from_second(now.as_second())
+        .unwrap_or(now)
+        .to_string()
+}
+
 fn pod_status(
     report: &mo_sim::attached::PodReport,
     image: &str,
     ip: Option<std::net::Ipv4Addr>,
+    started_at: Option<&str>,
 ) -> serde_json::Value {
     let ready = if report.ready { "True" } else { "False" };
     let state = if report.running {
-        json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}})
+        json!({"running": {"startedAt": started_at}})
     } else {
         json!({"waiting": {"reason": if report.started { "CrashLoopBackOff" } else { "ContainerCreating" }}})
     };

@@ -55,7 +55,12 @@ pub fn objects(cluster: &MatrixOneCluster, hook: Option<&DrainHook>) -> Result<V
     let config = resources::config_map(cluster, Some(&bootstrap))?;
     push(&mut docs, "ConfigMap", "v1", &config)?;
     for c in Component::ALL {
-        push(&mut docs, "Service", "v1", &resources::headless_service(cluster, c))?;
+        push(
+            &mut docs,
+            "Service",
+            "v1",
+            &resources::headless_service(cluster, c),
+        )?;
     }
     push(&mut docs, "Service", "v1", &resources::sql_service(cluster))?;
     for c in [Component::Log, Component::Tn, Component::Proxy] {
@@ -103,7 +108,10 @@ pub fn run(args: &Args) -> Result<()> {
     if cluster.name_any().is_empty() {
         bail!("{}: metadata.name is required", args.file);
     }
-    let hook = match (&args.drain_hook_endpoint, args.drain_hook_command.is_empty()) {
+    let hook = match (
+        &args.drain_hook_endpoint,
+        args.drain_hook_command.is_empty(),
+    ) {
         (Some(endpoint), false) => Some(DrainHook {
             command: args.drain_hook_command.clone(),
             endpoint: endpoint.clone(),
@@ -147,7 +155,10 @@ spec:
                 let v: serde_json::Value = serde_yaml_ng::from_str(d).expect("yaml");
                 (
                     v["kind"].as_str().unwrap_or_default().to_string(),
-                    v["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                    v["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
                 )
             })
             .collect();

@@ -401,7 +401,10 @@ fn events_about(t: &TestNs, pod: &str) -> Vec<(String, String)> {
         .filter(|e| e["message"].as_str().is_some_and(|m| m.contains(pod)))
         .map(|e| {
             (
-                e["reportingInstance"].as_str().unwrap_or_default().to_string(),
+                e["reportingInstance"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
                 e["message"].as_str().unwrap_or_default().to_string(),
             )
         })
@@ -416,13 +419,18 @@ async fn a_drain_resumes_after_an_operator_restart_and_two_replicas_never_act_to
     let mut a = t.operator("op-a");
     // op-a takes the lease before op-b starts.
     wait_for("op-a leads", READY_LIMIT, || async {
-        leads(&a.metrics().await).then_some(())
+        leads(&a.try_metrics().await?).then_some(())
     })
     .await;
     let mut b = t.operator("op-b");
     let killed = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
-    let sampler = sample_leadership(&t, [a.metrics_port, b.metrics_port], killed.clone(), stop.clone());
+    let sampler = sample_leadership(
+        &t,
+        [a.metrics_port, b.metrics_port],
+        killed.clone(),
+        stop.clone(),
+    );
     let mut spec = small_cluster("v1");
     spec["cn"]["groups"] = serde_json::json!([{"name": "tp", "replicas": 3}]);
     t.create("mo", spec).await.expect("create");
@@ -456,7 +464,7 @@ async fn a_drain_resumes_after_an_operator_restart_and_two_replicas_never_act_to
     a.kill();
     // op-b takes over the drain it finds in the record: the same instance, still waiting.
     wait_for("op-b leads", READY_LIMIT, || async {
-        leads(&b.metrics().await).then_some(())
+        leads(&b.try_metrics().await?).then_some(())
     })
     .await;
     assert!(

@@ -1,12 +1,12 @@
 //! The clients against servers built from this crate's transport, over real TCP: every
 //! method, HAKeeper discovery, and each kind of failure typed as it must be.
 
+use mo_rpc::frame;
 use mo_rpc::pb::{lock, logservice, metadata, query, status};
 use mo_rpc::{
     Discovery, ErrorKind, HaKeeper, HaKeeperClient, KernelError, LockAllocator,
     LockAllocatorClient, Options, QueryClient, QueryService, RpcError, Service, serve,
 };
-use mo_rpc::frame;
 use prost::Message;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -102,7 +102,7 @@ async fn hakeeper_methods_against_the_kernels_logservice_server() {
                 "TNStores": [{"UUID": "tn-1", "LockServiceAddress": "10.0.2.10:22002",
                               "Shards": [{"ShardID": 2, "ReplicaID": 3}]}],
                 "CNStores": [{"UUID": "cn-1", "QueryAddress": "10.0.1.5:19998", "WorkState": 1,
-                              "Tick": 120, "UpTime": 1717,
+                              "Tick": 120, "UpTime": 1717, "CommitID": "f2dd3978",
                               "Labels": {"account": {"Labels": ["acc1", "acc2"]}}}],
                 "LogStores": [{"UUID": "log-1", "ServiceAddress": "10.0.3.11:32001",
                                "Replicas": [{"LogShardInfo": {"ShardID": 1, "Replicas": {"1": "log-1"},
@@ -111,6 +111,7 @@ async fn hakeeper_methods_against_the_kernels_logservice_server() {
             "GET_CLUSTER_STATE": {"CheckerState": {
                 "Tick": 130010, "State": 4,
                 "CNState": {"Stores": {"cn-1": {"Tick": 130000, "WorkState": 2, "UpTime": 1717,
+                                                "CommitID": "f2dd3978",
                                                 "QueryAddress": "10.0.1.5:19998"}}},
                 "TNState": {"Stores": {"tn-1": {"Tick": 130009,
                                                 "LockServiceAddress": "10.0.2.10:22002"}}},
@@ -154,6 +155,8 @@ async fn hakeeper_methods_against_the_kernels_logservice_server() {
     );
     assert_eq!(cn.work_state, metadata::WorkState::Working as i32);
     assert_eq!((cn.tick, cn.up_time), (120, 1717));
+    // The version a CN registers (the kernel's build commit), at v1.2.4's field number.
+    assert_eq!(cn.commit_id, "f2dd3978");
     assert_eq!(cn.labels["account"].labels, ["acc1", "acc2"]);
     assert_eq!(details.tn_stores[0].lock_service_address, "10.0.2.10:22002");
     assert_eq!(details.tn_stores[0].shards[0].replica_id, 3);
@@ -174,6 +177,7 @@ async fn hakeeper_methods_against_the_kernels_logservice_server() {
         metadata::WorkState::Draining as i32
     );
     assert_eq!(cns.stores["cn-1"].up_time, 1717);
+    assert_eq!(cns.stores["cn-1"].commit_id, "f2dd3978");
     let shards = &state.log_state.as_ref().expect("log state").shards;
     assert_eq!(shards[&1].replicas[&shards[&1].leader_id], "log-2");
     // GetCNState is GET_CLUSTER_STATE on the wire.

@@ -263,6 +263,44 @@ pub fn morpc_interop() -> Result<PathBuf, TestEnvError> {
         .map_err(TestEnvError::Build)
 }
 
+/// The MatrixOne versions the real-kernel tests run, oldest first.
+pub const KERNEL_VERSIONS: [&str; 2] = ["v1.2.3", "v1.2.4"];
+
+/// MatrixOne's own `mo-service` for each of [`KERNEL_VERSIONS`], built from the Go module proxy
+/// by `tools/matrixone/build.sh` with the version stamped in (cached outside the repository),
+/// unless `MO_KERNEL_BINS` names them (paths separated by spaces, in the same order).
+pub fn matrixone_kernels() -> Result<Vec<(String, PathBuf)>, TestEnvError> {
+    static BUILT: OnceLock<Result<Vec<PathBuf>, String>> = OnceLock::new();
+    let paths = BUILT
+        .get_or_init(|| {
+            let line = match std::env::var("MO_KERNEL_BINS") {
+                Ok(bins) => bins,
+                Err(_) => build_script(
+                    "tools/matrixone/build.sh",
+                    &[("MO_KERNEL_VERSIONS", &KERNEL_VERSIONS.join(" "))],
+                )
+                .map_err(|e| e.to_string())?
+                .display()
+                .to_string(),
+            };
+            let paths: Vec<PathBuf> = line.split_whitespace().map(PathBuf::from).collect();
+            if paths.len() != KERNEL_VERSIONS.len() {
+                return Err(format!(
+                    "expected {} kernel binaries, got `{line}`",
+                    KERNEL_VERSIONS.len()
+                ));
+            }
+            Ok(paths)
+        })
+        .clone()
+        .map_err(TestEnvError::Build)?;
+    Ok(KERNEL_VERSIONS
+        .iter()
+        .map(|v| v.to_string())
+        .zip(paths)
+        .collect())
+}
+
 /// Runs one of the repository's build scripts; its last stdout line is the path it built.
 fn build_script(relative: &str, env: &[(&str, &str)]) -> Result<PathBuf, TestEnvError> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -30,10 +30,77 @@ fn log_dir() -> PathBuf {
     dir
 }
 
-/// The control plane, the CRD and the simulated data plane, once per test binary.
+/// Which data plane plays kubelet for a test binary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataPlane {
+    /// `mo-operator kubelet`: the simulated MatrixOne behind every pod.
+    Simulated,
+    /// `mo-operator kubelet --runtime process`: every pod's containers run as processes, the
+    /// MatrixOne image mapped to the kernel's own `mo-service` built by
+    /// `tools/matrixone/build.sh` (one per version the tests use).
+    RealKernel,
+}
+
+static KIND: OnceLock<DataPlane> = OnceLock::new();
+
+/// Chooses the data plane of this test binary (before its first `TestNs`); the simulated one
+/// when never called.
+pub fn use_data_plane(kind: DataPlane) {
+    let chosen = *KIND.get_or_init(|| kind);
+    assert_eq!(chosen, kind, "one data plane per test binary");
+}
+
+/// Where the real-kernel data plane keeps claims, host paths and container logs.
+pub fn real_plane_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("real-plane");
+    std::fs::create_dir_all(&dir).expect("real plane dir");
+    dir
+}
+
+fn kubelet_args(kind: DataPlane) -> Vec<String> {
+    match kind {
+        DataPlane::Simulated => vec![
+            "--time-scale".into(),
+            TIME_SCALE.into(),
+            // Enough nodes that every pod of the parallel tests gets its own (spread).
+            "--nodes".into(),
+            "48".into(),
+        ],
+        DataPlane::RealKernel => {
+            let mut args: Vec<String> = [
+                "--runtime",
+                "process",
+                "--nodes",
+                "12",
+                "--restart-backoff",
+                "2s",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            let state = real_plane_dir().join(format!("run-{}", std::process::id()));
+            args.push("--state-dir".into());
+            args.push(state.display().to_string());
+            for (version, bin) in mo_testenv::matrixone_kernels().expect("the kernel (needs Go)") {
+                args.push("--image".into());
+                args.push(format!(
+                    "matrixorigin/matrixone:{version}={}:/mo-service",
+                    bin.display()
+                ));
+            }
+            // The CN pods' init container installs the drain hook from the operator's image.
+            args.push("--image".into());
+            args.push(format!("mo-operator:*={BIN}:/usr/local/bin/mo-operator"));
+            args
+        }
+    }
+}
+
+/// The control plane, the CRD and the data plane, once per test binary.
 pub fn shared() -> &'static Shared {
     static SHARED: OnceLock<Shared> = OnceLock::new();
     SHARED.get_or_init(|| {
+        let kind = *KIND.get_or_init(|| DataPlane::Simulated);
         let plane = mo_testenv::shared().expect("test control plane");
         let kubeconfig = plane.kubeconfig().to_path_buf();
         let crd = Command::new(BIN)
@@ -74,16 +141,8 @@ pub fn shared() -> &'static Shared {
         let port = mo_testenv::free_port().expect("port");
         let mut command = Command::new(BIN);
         command
-            .args([
-                "kubelet",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--time-scale",
-                TIME_SCALE,
-                // Enough nodes that every pod of the parallel tests gets its own (spread).
-                "--nodes",
-                "48",
-            ])
+            .args(["kubelet", "--listen", &format!("127.0.0.1:{port}")])
+            .args(kubelet_args(kind))
             .env("KUBECONFIG", &kubeconfig)
             .env("RUST_LOG", "info");
         mo_testenv::spawn_for_process(command, log_dir().join("kubelet.log")).expect("kubelet");
@@ -147,6 +206,12 @@ impl Operator {
     /// Webhook / preStop review latency as the operator measured it.
     pub async fn review_latency(&self) -> serde_json::Value {
         self.debug("review-latency").await
+    }
+
+    /// `/metrics`, or None while the process does not answer (starting, or killed).
+    pub async fn try_metrics(&self) -> Option<String> {
+        let url = format!("http://127.0.0.1:{}/metrics", self.metrics_port);
+        reqwest::get(url).await.ok()?.text().await.ok()
     }
 
     pub async fn metrics(&self) -> String {
@@ -516,6 +581,17 @@ where
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// Writes a measured figure to `target/figures/<name>` (the README's figures come from these).
+pub fn write_figure(name: &str, value: &serde_json::Value) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/figures");
+    std::fs::create_dir_all(&dir).expect("figures dir");
+    std::fs::write(
+        dir.join(name),
+        serde_json::to_string_pretty(value).expect("json"),
+    )
+    .expect("write figure");
 }
 
 /// The spec most tests start from.

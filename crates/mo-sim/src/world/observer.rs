@@ -30,6 +30,7 @@ impl Simulation {
                     version: pod.version.clone(),
                     terminating: pod.deletion.is_some(),
                     restarts: pod.restarts,
+                    started_at: pod.process_alive.then_some(pod.last_start),
                     cn_uuid: pod.cn_uuid.clone(),
                     pool_phase: pod.pool_phase,
                 }
