@@ -50,14 +50,35 @@ pub enum DrainEnd {
     InstanceGone,
 }
 
+/// A pod's running container as Kubernetes reports it: with the pod's UID, the instance a
+/// drain is bound to (HAKeeper keeps a quickly restarted CN's record, UpTime included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Instance {
+    pub restarts: u32,
+    pub started_at: Option<Millis>,
+}
+
+impl Instance {
+    pub fn of(pod: &crate::observe::PodObservation) -> Instance {
+        Instance {
+            restarts: pod.restarts,
+            started_at: pod.started_at,
+        }
+    }
+}
+
 /// One drain, bound to one instance. Serialized in the progress record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Drain {
     pub pod: String,
     pub pod_uid: String,
     pub cn_uuid: String,
-    /// Start epoch of the instance being drained; learned from HAKeeper at the first look.
+    /// Start epoch of the instance being drained as the kernel reports it (what the
+    /// instance-bound drain extension names); learned from HAKeeper at the first look.
     pub start_epoch: Option<u64>,
+    /// The container being drained (Kubernetes' record, the instance that counts).
+    #[serde(default)]
+    pub instance: Option<Instance>,
     pub purpose: DrainPurpose,
     pub stage: DrainStage,
     pub started_at: Millis,
@@ -98,6 +119,7 @@ impl Drain {
             pod_uid: uid.to_string(),
             cn_uuid: uuid.to_string(),
             start_epoch: None,
+            instance: None,
             purpose,
             stage: DrainStage::MarkDraining,
             started_at: now,
@@ -122,6 +144,16 @@ impl Drain {
     /// The exact instance has confirmed it holds nothing: the pod may go.
     pub fn confirmed(&self) -> bool {
         matches!(self.stage, DrainStage::Confirmed | DrainStage::Released)
+    }
+
+    /// Forgets what was learned of an instance that is gone: the new one starts over.
+    fn restart_on_new_instance(&mut self, now: Millis, why: String) {
+        self.kernel_drain_id = None;
+        self.begin_drain_sent_at = None;
+        self.handshake_sent_at = None;
+        self.handshake_acked_at = None;
+        self.set_stage(DrainStage::MarkDraining, now);
+        self.hold(why);
     }
 
     fn set_stage(&mut self, stage: DrainStage, now: Millis) {
@@ -273,20 +305,36 @@ impl Drain {
             ));
             return;
         }
+        // The instance is Kubernetes' container; HAKeeper's record must have been heard from
+        // that container (a quickly restarted CN keeps the old record and its UpTime).
+        let instance = Instance::of(pod);
+        match self.instance {
+            None => self.instance = Some(instance),
+            Some(old) if old != instance => {
+                self.instance = Some(instance);
+                self.start_epoch = Some(record.start_epoch);
+                self.restart_on_new_instance(
+                    now,
+                    format!(
+                        "instance mismatch: {}'s container restarted (restarts {} -> {}); draining the new instance",
+                        self.pod, old.restarts, instance.restarts
+                    ),
+                );
+            }
+            Some(_) => {}
+        }
         match self.start_epoch {
             None => self.start_epoch = Some(record.start_epoch),
             Some(epoch) if epoch != record.start_epoch => {
                 // Same pod, new process: an old confirmation must not count for it.
                 self.start_epoch = Some(record.start_epoch);
-                self.kernel_drain_id = None;
-                self.begin_drain_sent_at = None;
-                self.handshake_sent_at = None;
-                self.handshake_acked_at = None;
-                self.set_stage(DrainStage::MarkDraining, now);
-                self.hold(format!(
-                    "instance mismatch: {} restarted (epoch {epoch} -> {}); draining the new instance",
-                    self.pod, record.start_epoch
-                ));
+                self.restart_on_new_instance(
+                    now,
+                    format!(
+                        "instance mismatch: {} restarted (epoch {epoch} -> {}); draining the new instance",
+                        self.pod, record.start_epoch
+                    ),
+                );
             }
             Some(_) => {}
         }
@@ -298,6 +346,27 @@ impl Drain {
                 .is_none_or(|t| now - t >= timing.eviction_abandon)
         {
             self.cancel_requested = true;
+        }
+        // A requested hand-over cannot be taken back: the kernel has no cancel, and a CN once
+        // marked refuses every new write transaction for good (measured on v1.2.4: 20635 "new
+        // txn in CN rolling restart"). Such a CN finishes its drain and is restarted, never
+        // returned to service.
+        let irrevocable = self.handshake_sent_at.is_some() && self.kernel_drain_id.is_none();
+        if self.cancel_requested
+            && irrevocable
+            && !matches!(self.purpose, DrainPurpose::Restart { .. })
+        {
+            self.cancel_requested = false;
+            self.purpose = DrainPurpose::Restart {
+                version: pod.version.clone(),
+            };
+            if self.stage == DrainStage::Cancelling {
+                self.set_stage(DrainStage::HandOver, now);
+            }
+            self.hold(format!(
+                "withdrawn after its hand-over was requested: {} refuses new writes for good, so it finishes the drain and is restarted",
+                self.pod
+            ));
         }
         // A pod on its way out is never handed back to the workload.
         if self.cancel_requested && self.stage < DrainStage::Released && !deleted_elsewhere {
@@ -365,8 +434,18 @@ impl Drain {
                 }
             }
         }
-        if self.stage == DrainStage::HandOver && !self.hand_over(obs, timing, actions) {
-            return;
+        if self.stage == DrainStage::HandOver {
+            // The kernel's answers count only once they are this container's: HAKeeper's
+            // record must have been heard from it (a quickly restarted CN keeps the old one).
+            if let Err(why) = crate::gates::heard_since_start(obs, pod, record.heartbeat_age) {
+                self.hold(format!(
+                    "HAKeeper's record is not yet this instance's: {why}"
+                ));
+                return;
+            }
+            if !self.hand_over(obs, timing, actions) {
+                return;
+            }
         }
         if self.stage == DrainStage::Confirmed {
             match &self.purpose {
@@ -522,9 +601,13 @@ impl Drain {
     /// Re-checks, on one fresh observation, everything a release relies on: the same
     /// instance, fresh, Draining, idle, and its hand-over confirmed.
     pub fn still_confirmed(&self, obs: &Observation) -> Gate {
-        obs.pod(&self.pod)
+        let pod = obs
+            .pod(&self.pod)
             .filter(|p| p.uid == self.pod_uid)
             .ok_or_else(|| format!("{} was replaced", self.pod))?;
+        if self.instance.is_some_and(|i| i != Instance::of(pod)) {
+            return Err(format!("{}'s container restarted", self.pod));
+        }
         // Terminating is no reason to doubt: the preStop hook holds the process (same UID,
         // same epoch) until the release.
         let details = obs
@@ -539,6 +622,7 @@ impl Drain {
         if record.heartbeat_age > HEARTBEAT_FRESH {
             return Err("stale HAKeeper reading".into());
         }
+        crate::gates::heard_since_start(obs, pod, record.heartbeat_age)?;
         if record.work_state != WorkState::Draining {
             return Err(format!("work state {:?}", record.work_state));
         }
@@ -887,7 +971,7 @@ mod tests {
     #[test]
     fn kernel_protocol_confirms_by_drain_id_and_unknown_ids_begin_again() {
         let mut d = remove();
-        let mut o = obs(1_000);
+        let mut o = obs(2_000);
         o.lock_allocator.as_mut().unwrap().drain_protocol = true;
         draining(&mut o);
         let mut a = vec![];
@@ -959,6 +1043,56 @@ mod tests {
         assert!(d.confirmed());
         o.now = Millis(200_000);
         d.step(&o, &TIMING, Ok(()), &mut a);
+        // The evictor gave up, but the hand-over was requested: the kernel cannot take it back
+        // and the CN refuses new writes for good. It is never set Working again: it is
+        // restarted once its drain is confirmed.
+        assert_ne!(d.stage, DrainStage::Cancelling);
+        assert!(
+            !a.iter().any(|x| matches!(
+                x,
+                Action::SetCnWorkState {
+                    state: WorkState::Working,
+                    ..
+                }
+            )),
+            "{a:?}"
+        );
+        assert!(
+            a.iter()
+                .any(|x| matches!(x, Action::RestartPod { pod, uid, .. } if pod == "cn-1" && uid == "uid-1")),
+            "{a:?}"
+        );
+        assert!(matches!(d.purpose, DrainPurpose::Restart { .. }));
+    }
+
+    /// Withdrawn before any hand-over was requested, an eviction drain goes back to work.
+    #[test]
+    fn an_eviction_withdrawn_before_the_hand_over_returns_the_cn_to_work() {
+        let mut d = Drain::new(
+            "cn-1",
+            "uid-1",
+            "u1",
+            DrainPurpose::Evict {
+                source: "kubectl-drain".into(),
+            },
+            Millis(0),
+        );
+        let mut o = obs(1_000);
+        let mut a = vec![];
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        draining(&mut o);
+        // Sessions still there: no hand-over yet.
+        o.cn_activity.insert(
+            "cn-1".into(),
+            Ok(CnActivity {
+                sessions: 2,
+                pipelines: 0,
+                replicas: 0,
+            }),
+        );
+        o.now = Millis(200_000);
+        a.clear();
+        d.step(&o, &TIMING, Ok(()), &mut a);
         assert_eq!(d.stage, DrainStage::Cancelling);
         assert!(a.iter().any(|x| matches!(
             x,
@@ -970,6 +1104,41 @@ mod tests {
         o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Working;
         d.step(&o, &TIMING, Ok(()), &mut vec![]);
         assert_eq!(d.end, Some(DrainEnd::Cancelled));
+    }
+
+    /// Kubernetes' instance is the one that counts: a container restarted in place keeps its
+    /// HAKeeper record (epoch included), yet the drain starts over on the new container.
+    #[test]
+    fn a_container_restarted_in_place_is_a_new_instance_even_when_hakeeper_cannot_tell() {
+        let mut d = remove();
+        to_handover(&mut d);
+        let mut o = obs(5_000);
+        draining(&mut o);
+        o.pods[0].restarts = 1;
+        o.pods[0].started_at = Some(Millis(4_500));
+        let mut a = vec![];
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        // What was learned of the old container is forgotten; the record is not yet the new
+        // container's (heard 200 ms ago, the container started 500 ms ago): nothing counts.
+        assert!(d.handshake_sent_at.is_none() && d.handshake_acked_at.is_none());
+        assert!(
+            d.hold
+                .as_deref()
+                .unwrap_or("")
+                .contains("not yet this instance"),
+            "{:?}",
+            d.hold
+        );
+        assert!(a.is_empty(), "{a:?}");
+        confirm(&mut o); // an answer that may be the old process's
+        o.now = Millis(6_000);
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(a.is_empty(), "{a:?}");
+        // Heard from the new container: its own hand-over is requested, nothing released.
+        o.now = Millis(7_000);
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert_eq!(a, vec![Action::SetRestartService { uuid: "u1".into() }]);
+        assert!(!d.confirmed());
     }
 
     /// A pod deleted by someone else keeps running under its preStop hook: the drain goes on
@@ -1028,13 +1197,13 @@ mod tests {
     fn a_lost_handshake_request_never_borrows_an_older_answer() {
         let mut d = remove();
         let mut a = vec![];
-        let mut o = obs(1_000);
+        let mut o = obs(2_000);
         draining(&mut o);
         confirm(&mut o); // stale: left over from a drain of a previous instance
         d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(a.contains(&Action::SetRestartService { uuid: "u1".into() }));
         // The request is lost (no result ever arrives); time passes.
-        for t in 2..5 {
+        for t in 3..6 {
             o.now = Millis(t * 1_000);
             a.clear();
             d.step(&o, &TIMING, Ok(()), &mut a);
