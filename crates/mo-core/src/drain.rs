@@ -6,8 +6,9 @@
 //! CN protected and says why. Nothing here releases on a timeout.
 
 use crate::action::{Action, ActionError, ActionOutput, ActionResult};
+use crate::component::Component;
 use crate::gates::{Gate, HEARTBEAT_FRESH, cn_record};
-use crate::observe::{DrainAnswer, Observation, WorkState};
+use crate::observe::{CnActivity, DrainAnswer, Observation, OldestTxn, PodPhase, WorkState};
 use crate::time::Millis;
 use serde::{Deserialize, Serialize};
 
@@ -97,6 +98,13 @@ pub struct Drain {
     /// What the drain waits on now (the condition shown to people).
     pub hold: Option<String>,
     pub alarmed: bool,
+    /// Since when no CN has run a transaction created before the hand-over began, during a
+    /// hand-over the allocator does not confirm.
+    #[serde(default)]
+    pub no_old_txns_since: Option<Millis>,
+    /// Confirmed by every CN's own transaction list, the allocator's handshake having wedged.
+    #[serde(default)]
+    pub confirmed_by_txns: bool,
 }
 
 /// Tunables of the arbiter.
@@ -110,6 +118,9 @@ pub struct DrainTiming {
     pub eviction_abandon: Millis,
     /// A drain waiting longer than this raises an alarm (and keeps waiting).
     pub alarm_after: Millis,
+    /// A hand-over the allocator has not confirmed this long after accepting it may be
+    /// confirmed by every CN's transaction list instead (see [`Drain::hand_over`]).
+    pub handover_wedge_after: Millis,
 }
 
 impl Drain {
@@ -134,6 +145,8 @@ impl Drain {
             end: None,
             hold: None,
             alarmed: false,
+            no_old_txns_since: None,
+            confirmed_by_txns: false,
         }
     }
 
@@ -152,6 +165,8 @@ impl Drain {
         self.begin_drain_sent_at = None;
         self.handshake_sent_at = None;
         self.handshake_acked_at = None;
+        self.no_old_txns_since = None;
+        self.confirmed_by_txns = false;
         self.set_stage(DrainStage::MarkDraining, now);
         self.hold(why);
     }
@@ -238,14 +253,19 @@ impl Drain {
         }
         // The pod: gone or replaced ends the drain of this instance.
         let Some(pod) = obs.pod(&self.pod).filter(|p| p.uid == self.pod_uid) else {
-            if self.stage == DrainStage::Released {
-                if matches!(self.purpose, DrainPurpose::Remove { .. }) {
-                    self.finish(DrainEnd::Released, now);
-                } else {
-                    self.reopen(obs, actions);
-                }
+            let end = if self.stage == DrainStage::Released {
+                DrainEnd::Released
             } else {
-                self.finish(DrainEnd::InstanceGone, now);
+                DrainEnd::InstanceGone
+            };
+            // A CN this drain marked Draining comes back under its UUID with the mark kept
+            // (HAKeeper keeps a quickly restarted CN's record): its new instance is returned
+            // to Working. A removed CN does not come back.
+            let marked = self.stage > DrainStage::MarkDraining;
+            if marked && !matches!(self.purpose, DrainPurpose::Remove { .. }) {
+                self.reopen(obs, actions, end);
+            } else {
+                self.finish(end, now);
             }
             return;
         };
@@ -554,19 +574,65 @@ impl Drain {
             return false;
         }
         if !answer.can_restart || answer.remaining_txns != 0 {
+            // The kernel's handshake could wedge (v1.2.4, read from `handleRemoteUnlock`):
+            // the CN forgets a transaction only when its unlock arrives with the current
+            // bind, so the allocator may count one that ended, and every new transaction that
+            // needs a table it referenced retries ("retry for CN rolling restart") for as
+            // long as the CN runs. Once the hand-over has had its time, every CN's own
+            // transaction list decides instead: after the mark, only a transaction created
+            // before it can take a lock on this CN's tables (its snapshot is older than the
+            // restart), so when no CN runs one any more, stopping this CN fails none.
+            let wedged = answer.remaining_txns > 0 && now - acked >= timing.handover_wedge_after;
+            let old = old_transactions(obs, mark_settled(acked));
+            if wedged && old == Ok(0) {
+                self.no_old_txns_since.get_or_insert(now);
+            } else {
+                self.no_old_txns_since = None;
+            }
+            if self
+                .no_old_txns_since
+                .is_some_and(|t| now - t >= timing.keepalive + timing.keepalive)
+            {
+                self.confirmed_by_txns = true;
+                self.set_stage(DrainStage::Confirmed, now);
+                return true;
+            }
+            let locks = match obs.cn_activity.get(&self.pod) {
+                Some(Ok(a)) => a.locks,
+                _ => None,
+            };
+            let wedge_note = match (wedged, old) {
+                (false, _) => String::new(),
+                (true, Ok(0)) => "; the hand-over looks wedged, and no CN runs a transaction \
+                     from before it (confirming)"
+                    .into(),
+                (true, Ok(n)) => format!(
+                    "; the hand-over looks wedged, and {n} CNs run transactions from before it"
+                ),
+                (true, Err(pod)) => {
+                    format!("; the hand-over looks wedged, and {pod}'s transactions cannot be read")
+                }
+            };
+            let lock_note = match (wedged, locks) {
+                (true, Some(n)) => format!(" ({n} locks in its lock tables held or awaited)"),
+                _ => String::new(),
+            };
             self.hold(format!(
-                "{} is handing its lock tables over: {} transactions remain",
+                "{} is handing its lock tables over: {} transactions remain{wedge_note}{lock_note}",
                 self.pod, answer.remaining_txns
             ));
             return false;
         }
+        self.no_old_txns_since = None;
         self.set_stage(DrainStage::Confirmed, now);
         true
     }
 
     /// The pod came back (restart, or recreated after an eviction) with the same UUID: its
-    /// HAKeeper record still says Draining. Only a new, fresh instance is set Working.
-    fn reopen(&mut self, obs: &Observation, actions: &mut Vec<Action>) {
+    /// HAKeeper record still says Draining. Only a new, fresh instance is set Working. The new
+    /// instance is Kubernetes' (a new pod whose container HAKeeper has heard from): HAKeeper
+    /// keeps a quickly restarted CN's record, UpTime and Draining mark included.
+    fn reopen(&mut self, obs: &Observation, actions: &mut Vec<Action>, end: DrainEnd) {
         let now = obs.now;
         let new_pod = obs
             .pod(&self.pod)
@@ -576,8 +642,11 @@ impl Drain {
             .as_ref()
             .ok()
             .and_then(|d| cn_record(d, &self.cn_uuid))
+            .filter(|r| r.heartbeat_age <= HEARTBEAT_FRESH)
             .filter(|r| {
-                Some(r.start_epoch) != self.start_epoch && r.heartbeat_age <= HEARTBEAT_FRESH
+                new_pod.is_some_and(|p| {
+                    crate::gates::heard_since_start(obs, p, r.heartbeat_age).is_ok()
+                })
             });
         match (new_pod, record) {
             (Some(_), Some(r)) if r.work_state == WorkState::Draining => {
@@ -590,7 +659,7 @@ impl Drain {
                     self.pod
                 ));
             }
-            (Some(_), Some(_)) => self.finish(DrainEnd::Released, now),
+            (Some(_), Some(_)) => self.finish(end, now),
             _ => self.hold(format!(
                 "waiting for the new instance of {} to register",
                 self.pod
@@ -636,6 +705,9 @@ impl Drain {
             .map_err(|e| format!("cannot ask the lock allocator: {e}"))?;
         let handed_over = match self.kernel_drain_id {
             Some(id) => allocator.drains.get(&id) == Some(&DrainAnswer::Done),
+            None if self.confirmed_by_txns => self
+                .handshake_acked_at
+                .is_some_and(|acked| old_transactions(obs, mark_settled(acked)) == Ok(0)),
             None => allocator
                 .restarting
                 .get(&self.cn_uuid)
@@ -673,6 +745,41 @@ impl Drain {
     }
 }
 
+/// When every CN has surely learnt of a restart mark the allocator accepted at `acked`: the
+/// marked CN sets its restart time at its next bind keepalive (1 s in the kernel's default
+/// configuration), and the CNs' wall clocks may differ from ours by up to a second more.
+fn mark_settled(acked: Millis) -> Millis {
+    acked + Millis::from_secs(3)
+}
+
+/// How many running CNs run a transaction created before `boundary`; the first CN whose
+/// transaction list was not read is the error (not read is never "none").
+fn old_transactions(obs: &Observation, boundary: Millis) -> Result<u32, String> {
+    let mut old = 0;
+    for pod in obs
+        .pods
+        .iter()
+        .filter(|p| p.component == Component::Cn && p.phase == PodPhase::Running)
+    {
+        match obs.cn_activity.get(&pod.name) {
+            Some(Ok(CnActivity {
+                oldest_txn: OldestTxn::NoneRunning,
+                ..
+            })) => {}
+            Some(Ok(CnActivity {
+                oldest_txn: OldestTxn::CreatedAt(created),
+                ..
+            })) => {
+                if *created < boundary {
+                    old += 1;
+                }
+            }
+            _ => return Err(pod.name.clone()),
+        }
+    }
+    Ok(old)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -685,6 +792,7 @@ mod tests {
         resend_after: Millis(5_000),
         eviction_abandon: Millis(120_000),
         alarm_after: Millis(600_000),
+        handover_wedge_after: Millis(10_000),
     };
 
     fn obs(now: u64) -> Observation {
@@ -878,6 +986,8 @@ mod tests {
                             sessions: 1,
                             pipelines: 0,
                             replicas: 0,
+                            locks: None,
+                            oldest_txn: OldestTxn::NotRead,
                         }),
                     );
                 }),
@@ -1088,6 +1198,8 @@ mod tests {
                 sessions: 2,
                 pipelines: 0,
                 replicas: 0,
+                locks: None,
+                oldest_txn: OldestTxn::NotRead,
             }),
         );
         o.now = Millis(200_000);
@@ -1222,6 +1334,202 @@ mod tests {
         );
     }
 
+    /// An upgrade restart: the new pod's CN keeps HAKeeper's record, its UpTime (epoch) and
+    /// its Draining mark (measured on v1.2.4). It is returned to Working once HAKeeper has
+    /// heard from its container, and not before.
+    #[test]
+    fn a_restarted_cn_that_keeps_its_record_is_returned_to_work_once_heard_from() {
+        let mut d = Drain::new(
+            "cn-1",
+            "uid-1",
+            "u1",
+            DrainPurpose::Restart {
+                version: "v2".into(),
+            },
+            Millis(0),
+        );
+        to_handover(&mut d);
+        let mut o = obs(5_000);
+        draining(&mut o);
+        confirm(&mut o);
+        let mut a = vec![];
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(matches!(&a[..], [Action::RestartPod { uid, .. }] if uid == "uid-1"));
+        // The new pod: a new UID and container, the same record (epoch 7, Draining).
+        o.pods[0].uid = "uid-2".into();
+        o.pods[0].version = "v2".into();
+        o.pods[0].started_at = Some(Millis(9_800));
+        o.now = Millis(10_000);
+        a.clear();
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(a.is_empty(), "the record is still the old process's: {a:?}");
+        assert!(d.is_active());
+        o.now = Millis(12_000);
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert_eq!(
+            a,
+            vec![Action::SetCnWorkState {
+                uuid: "u1".into(),
+                state: WorkState::Working
+            }]
+        );
+        o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Working;
+        o.now = Millis(13_000);
+        d.step(&o, &TIMING, Ok(()), &mut vec![]);
+        assert_eq!(d.end, Some(DrainEnd::Released));
+    }
+
+    /// A pod replaced before its drain's release (someone deleted it; it died): the CN it
+    /// marked Draining comes back under its UUID with the mark, and its new instance is put
+    /// back to work once HAKeeper has heard from it. Nothing else is done to it.
+    #[test]
+    fn a_replaced_cn_that_kept_its_draining_mark_is_returned_to_work() {
+        let mut d = Drain::new(
+            "cn-1",
+            "uid-1",
+            "u1",
+            DrainPurpose::Evict {
+                source: "preStop".into(),
+            },
+            Millis(0),
+        );
+        to_handover(&mut d);
+        let mut o = obs(5_000);
+        draining(&mut o);
+        o.pods[0].uid = "uid-2".into();
+        o.pods[0].started_at = Some(Millis(4_900));
+        let mut a = vec![];
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(a.is_empty(), "{a:?}");
+        assert!(d.is_active(), "waits for the new instance");
+        o.now = Millis(7_000);
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert_eq!(
+            a,
+            vec![Action::SetCnWorkState {
+                uuid: "u1".into(),
+                state: WorkState::Working
+            }]
+        );
+        o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Working;
+        d.step(&o, &TIMING, Ok(()), &mut vec![]);
+        assert_eq!(d.end, Some(DrainEnd::InstanceGone));
+    }
+
+    /// The allocator's answer in a wedged hand-over: transactions it still counts.
+    fn wedged(o: &mut Observation, remaining: i64) {
+        o.lock_allocator.as_mut().unwrap().restarting.insert(
+            "u1".into(),
+            RestartAnswer {
+                can_restart: false,
+                remaining_txns: remaining,
+            },
+        );
+    }
+
+    /// What `pod`'s GetTxnInfo said.
+    fn txns(o: &mut Observation, pod: &str, oldest_txn: OldestTxn) {
+        o.cn_activity.insert(
+            pod.into(),
+            Ok(CnActivity {
+                oldest_txn,
+                ..CnActivity::default()
+            }),
+        );
+    }
+
+    /// Another running CN, whose transactions count as much as the drained one's.
+    fn second_cn(o: &mut Observation) {
+        let mut other = o.pods[0].clone();
+        other.name = "cn-2".into();
+        other.uid = "uid-other".into();
+        other.cn_uuid = Some("u2".into());
+        o.pods.push(other);
+    }
+
+    /// The allocator keeps counting transactions (one whose unlock the CN did not apply), and
+    /// new ones that need its tables wait. Once the hand-over has had its time, no running
+    /// CN running a transaction created before the mark had settled (accepted at 3 s, settled
+    /// at 6 s), read twice a keepalive apart, confirms it.
+    #[test]
+    fn a_wedged_handover_is_confirmed_once_no_cn_runs_a_transaction_from_before_it() {
+        let mut d = remove();
+        to_handover(&mut d); // accepted at 3 s
+        let mut o = obs(4_000);
+        draining(&mut o);
+        second_cn(&mut o);
+        wedged(&mut o, 2);
+        txns(&mut o, "cn-1", OldestTxn::NoneRunning);
+        txns(&mut o, "cn-2", OldestTxn::CreatedAt(Millis(6_500)));
+        let mut a = vec![];
+        // Before the hand-over has had its time: the allocator's word counts alone.
+        for t in [4_000, 8_000, 12_000] {
+            o.now = Millis(t);
+            d.step(&o, &TIMING, Ok(()), &mut a);
+            assert_eq!(d.stage, DrainStage::HandOver, "at {t}");
+        }
+        // A transaction from before the mark settled (on any CN), or a CN not read, holds it.
+        for (oldest, why) in [
+            (
+                OldestTxn::CreatedAt(Millis(5_999)),
+                "1 CNs run transactions from before it",
+            ),
+            (OldestTxn::NotRead, "cn-2's transactions cannot be read"),
+        ] {
+            txns(&mut o, "cn-2", oldest);
+            o.now = Millis(14_000);
+            d.step(&o, &TIMING, Ok(()), &mut a);
+            assert_eq!(d.stage, DrainStage::HandOver);
+            assert!(
+                d.hold.as_deref().unwrap_or("").contains(why),
+                "{:?}",
+                d.hold
+            );
+        }
+        o.cn_activity.remove("cn-2");
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert_eq!(d.stage, DrainStage::HandOver, "a CN missing is not read");
+        // Only newer transactions: read once, then again two keepalives later.
+        txns(&mut o, "cn-2", OldestTxn::CreatedAt(Millis(6_000)));
+        o.now = Millis(15_000);
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert_eq!(d.stage, DrainStage::HandOver, "one reading is not enough");
+        assert!(a.is_empty(), "{a:?}");
+        o.now = Millis(17_000);
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(
+            matches!(&a[..], [Action::DeletePod { uid, .. }] if uid == "uid-1"),
+            "{a:?}"
+        );
+        assert!(d.confirmed_by_txns);
+    }
+
+    /// "Inconsistent" (-1) is not a wedge, and a CN that can no longer be read before a lost
+    /// release is sent again undoes the confirmation.
+    #[test]
+    fn a_wedge_confirmation_needs_counted_transactions_and_every_cn_read() {
+        let mut d = remove();
+        to_handover(&mut d);
+        let mut o = obs(20_000);
+        draining(&mut o);
+        wedged(&mut o, -1);
+        txns(&mut o, "cn-1", OldestTxn::NoneRunning);
+        for t in [20_000, 25_000, 30_000] {
+            o.now = Millis(t);
+            d.step(&o, &TIMING, Ok(()), &mut vec![]);
+        }
+        assert_eq!(d.stage, DrainStage::HandOver);
+        wedged(&mut o, 1);
+        o.now = Millis(31_000);
+        d.step(&o, &TIMING, Ok(()), &mut vec![]);
+        o.now = Millis(33_000);
+        d.step(&o, &TIMING, Ok(()), &mut vec![]);
+        assert_eq!(d.stage, DrainStage::Released);
+        assert_eq!(d.still_confirmed(&o), Ok(()));
+        txns(&mut o, "cn-1", OldestTxn::NotRead);
+        assert!(d.still_confirmed(&o).is_err());
+    }
+
     /// A removal drain that sent its release at 5 s (the release may yet be lost).
     fn released() -> (Drain, Observation) {
         let mut d = remove();
@@ -1244,6 +1552,8 @@ mod tests {
                 sessions: 1,
                 pipelines: 0,
                 replicas: 0,
+                locks: None,
+                oldest_txn: OldestTxn::NotRead,
             }),
         );
         o.now = Millis(11_000);

@@ -20,8 +20,8 @@ pub use component::Component;
 pub use observe::{
     AllocatorView, ClusterDetails, CnActivity, CnStoreView, DesiredState, DrainAnswer,
     EvictionRequest, KernelView, LogReplicaView, LogShardView, Observation, ObservationError,
-    PodObservation, PodPhase, PoolPhase, RemovalReason, RemovalRequest, RestartAnswer, TnStoreView,
-    UpgradeSpec, WorkState,
+    OldestTxn, PodObservation, PodPhase, PoolPhase, RemovalReason, RemovalRequest, RestartAnswer,
+    TnStoreView, UpgradeSpec, WorkState,
 };
 pub use policy::{EvictionVerdict, Policy, PolicyInput};
 pub use rollout::OnStall;

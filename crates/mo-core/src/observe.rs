@@ -147,12 +147,34 @@ pub struct AllocatorView {
     pub drains: BTreeMap<u64, DrainAnswer>,
 }
 
-/// What a CN's query service reports (ShowProcessList, GetPipelineInfo, GetReplicaCount).
+/// What a CN's query service reports (ShowProcessList, GetPipelineInfo, GetReplicaCount,
+/// and for a draining CN GetLockInfo).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CnActivity {
     pub sessions: u32,
     pub pipelines: u32,
     pub replicas: u32,
+    /// Locks in the CN's own lock tables that some transaction holds or waits for; `None`
+    /// when not read (only draining CNs are asked) or not answered.
+    #[serde(default)]
+    pub locks: Option<u32>,
+    /// The oldest transaction the CN's transaction client runs (GetTxnInfo); read from every
+    /// CN only while one of them hands its lock tables over.
+    #[serde(default)]
+    pub oldest_txn: OldestTxn,
+}
+
+/// What a CN's GetTxnInfo said about the transactions it runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OldestTxn {
+    /// Not asked, or not answered.
+    #[default]
+    NotRead,
+    /// The CN runs no transaction.
+    NoneRunning,
+    /// The oldest one it runs was created then (the CN's wall clock, Unix milliseconds).
+    CreatedAt(Millis),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

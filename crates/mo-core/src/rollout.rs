@@ -3,14 +3,14 @@
 //! window; the finished phase's gate holds again before the next phase starts. A stall halts
 //! (or rolls the phase back through the same gates); it never advances, restarts or deletes.
 
-use crate::action::Action;
+use crate::action::{Action, ActionError, ActionResult};
 use crate::component::Component;
 use crate::drain::{Drain, DrainEnd, DrainPurpose, DrainStage};
 use crate::gates::{self, Gate};
 use crate::observe::{Observation, PodObservation, PodPhase, UpgradeSpec};
 use crate::time::{Millis, format_duration};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
@@ -72,6 +72,27 @@ pub enum Tolerance {
     Restored,
 }
 
+/// Calls the rollout makes that only a kernel with the operator's extensions offers. A stock
+/// kernel answers each with "not supported" (v1.2.4 `pkg/logservice/service.go`, `handle`, the
+/// default case); the rollout then does without: a LOG leader restarts with the margin intact
+/// and Raft elects another (a few seconds of election), the TN keeps its own WAL retry budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Extension {
+    LeaderTransfer,
+    WalTolerance,
+}
+
+impl Extension {
+    fn of(action: &Action) -> Option<Extension> {
+        match action {
+            Action::TransferLogLeader { .. } => Some(Extension::LeaderTransfer),
+            Action::SetTnWalTolerance { .. } => Some(Extension::WalTolerance),
+            _ => None,
+        }
+    }
+}
+
 /// Rollout tunables (a subset of the safe policy's configuration).
 #[derive(Clone, Copy, Debug)]
 pub struct RolloutTiming {
@@ -102,6 +123,10 @@ pub struct Rollout {
     /// Since when the pod being restarted or verified has been missing.
     #[serde(default)]
     pub absent_since: Option<Millis>,
+    /// Extensions the kernel answered "not supported" to (only that answer; an error or a
+    /// timeout proves nothing and the call is retried).
+    #[serde(default)]
+    pub unsupported: BTreeSet<Extension>,
 }
 
 /// What happened this step, for the policy to report.
@@ -133,7 +158,28 @@ impl Rollout {
             pre_pull_sent: BTreeMap::new(),
             hold: None,
             absent_since: None,
+            unsupported: BTreeSet::new(),
         }
+    }
+
+    /// Learns which extensions the kernel lacks from its answers to the rollout's calls.
+    pub fn absorb(&mut self, results: &[ActionResult]) {
+        for r in results {
+            if let (Some(extension), Err(ActionError::Unsupported(_))) =
+                (Extension::of(&r.action), &r.result)
+            {
+                self.unsupported.insert(extension);
+            }
+        }
+    }
+
+    /// Shards led by `store` whose leadership the kernel can move first (none without the
+    /// extension).
+    fn leadership_to_move(&self, obs: &Observation, store: &str) -> Vec<(u64, String)> {
+        if self.unsupported.contains(&Extension::LeaderTransfer) {
+            return Vec::new();
+        }
+        gates::leadership_to_move(obs, store)
     }
 
     pub fn component(&self) -> Option<Component> {
@@ -240,7 +286,7 @@ impl Rollout {
                     self.wait(e);
                     return report;
                 }
-                let moves = gates::leadership_to_move(obs, &pod);
+                let moves = self.leadership_to_move(obs, &pod);
                 if moves.is_empty() {
                     self.restart(obs, &pod, &uid, None, &version, actions);
                 } else {
@@ -427,7 +473,25 @@ impl Rollout {
             self.wait(format!("{} is not running", busy.name));
             return;
         }
-        let Some(pod) = pods.iter().find(|p| p.version != version).copied() else {
+        // LOG: followers first, the pod leading the most shards last (fewest leadership moves,
+        // and on a kernel that cannot move leadership, fewest elections).
+        let leads = |pod: &PodObservation| -> usize {
+            if component != Component::Log {
+                return 0;
+            }
+            obs.hakeeper.as_ref().map_or(0, |d| {
+                d.log_shards
+                    .iter()
+                    .filter(|s| s.leader.as_deref() == Some(pod.name.as_str()))
+                    .count()
+            })
+        };
+        let Some(pod) = pods
+            .iter()
+            .filter(|p| p.version != version)
+            .min_by_key(|p| leads(p))
+            .copied()
+        else {
             self.progress(
                 now,
                 Step::Settle {
@@ -500,7 +564,7 @@ impl Rollout {
         }
         match component {
             Component::Log => {
-                let moves = gates::leadership_to_move(obs, &pod.name);
+                let moves = self.leadership_to_move(obs, &pod.name);
                 if moves.is_empty() {
                     self.restart(obs, &pod.name, &pod.uid, None, version, actions);
                 } else {
@@ -608,7 +672,9 @@ impl Rollout {
             return;
         }
         if component == Component::Log && self.tolerance == Tolerance::Widened {
-            actions.push(Action::SetTnWalTolerance { total: None });
+            if !self.unsupported.contains(&Extension::WalTolerance) {
+                actions.push(Action::SetTnWalTolerance { total: None });
+            }
             self.tolerance = Tolerance::Restored;
         }
         self.phase += 1;
@@ -630,6 +696,9 @@ impl Rollout {
     ) {
         if component == Component::Log && self.tolerance == Tolerance::Default {
             self.tolerance = Tolerance::Widened;
+        }
+        if self.unsupported.contains(&Extension::WalTolerance) {
+            return;
         }
         match self.tolerance {
             Tolerance::Widened if obs.tn_wal_tolerance != Some(timing.tn_wal_tolerance) => {

@@ -41,6 +41,10 @@ pub struct SafeConfig {
     /// An action not visibly applied after this is sent again.
     #[serde(with = "human")]
     pub resend_after: Millis,
+    /// A restart handshake the allocator has not confirmed this long after accepting it may
+    /// be confirmed by the CN's own lock service (nothing held or awaited in its lock tables).
+    #[serde(with = "human")]
+    pub handover_wedge_after: Millis,
 }
 
 impl Default for SafeConfig {
@@ -55,6 +59,7 @@ impl Default for SafeConfig {
             drain_alarm: Millis::from_mins(10),
             keepalive: Millis::from_secs(1),
             resend_after: Millis::from_secs(5),
+            handover_wedge_after: Millis::from_secs(10),
         }
     }
 }
@@ -66,6 +71,7 @@ impl SafeConfig {
             resend_after: self.resend_after,
             eviction_abandon: self.eviction_abandon,
             alarm_after: self.drain_alarm,
+            handover_wedge_after: self.handover_wedge_after,
         }
     }
 
@@ -334,6 +340,9 @@ impl Policy for SafePolicy {
         let mut notes = Vec::new();
         for d in self.record.drains.iter_mut().filter(|d| d.is_active()) {
             d.absorb(input.results, obs.now);
+        }
+        if let Some(rollout) = self.record.rollout.as_mut() {
+            rollout.absorb(input.results);
         }
         self.sync_removals(obs);
         self.sync_node_failures(obs);

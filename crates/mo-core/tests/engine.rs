@@ -262,6 +262,12 @@ fn the_first_log_restart_waits_for_the_margin_and_widens_tn_tolerance() {
     let mut p = SafePolicy::new(SafeConfig::default());
     let mut o = cluster("v1");
     upgrade(&mut o, LOG_FIRST);
+    // Followers go first: here they are done, and log-0, the leader, is left.
+    for pod in o.pods.iter_mut().filter(|p| p.name != "log-0") {
+        if pod.component == Component::Log {
+            pod.version = "v2".into();
+        }
+    }
     o.hakeeper.as_mut().unwrap().log_shards[1] = shard(1, "log-0", &[true, false, true]);
     let d = decide(&mut p, &o);
     assert!(
@@ -304,14 +310,144 @@ fn the_first_log_restart_waits_for_the_margin_and_widens_tn_tolerance() {
     );
 }
 
+fn restarts(d: &Decision) -> Vec<String> {
+    d.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::RestartPod { pod, .. } => Some(pod.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn answered(actions: &[Action], result: Result<ActionOutput, ActionError>) -> Vec<ActionResult> {
+    actions
+        .iter()
+        .map(|a| ActionResult {
+            action: a.clone(),
+            result: result.clone(),
+        })
+        .collect()
+}
+
+/// A LOG pod has restarted onto v2 and caught up: the rollout's next decisions see it.
+fn log_restarted(p: &mut SafePolicy, o: &mut Observation, pod: &str, uid: &str) {
+    let old = o.pods.iter().position(|x| x.name == pod).unwrap();
+    o.pods[old].uid = uid.into();
+    o.pods[old].version = "v2".into();
+    o.pods[old].started_at = Some(o.now);
+    o.now += Millis::from_secs(1);
+    decide(p, o); // Restart -> Verify
+    o.now += Millis::from_secs(25);
+    decide(p, o); // healthy: the stability window starts
+    o.now += Millis::from_secs(25);
+    decide(p, o); // window held: next pod
+}
+
+#[test]
+fn a_kernel_without_leader_transfer_restarts_followers_first_then_the_leader_with_its_margin() {
+    let mut p = SafePolicy::new(SafeConfig::default());
+    let mut o = cluster("v1");
+    upgrade(&mut o, LOG_FIRST);
+    // log-1 leads the WAL shard, log-0 HAKeeper's: log-2 leads nothing and goes first.
+    o.hakeeper.as_mut().unwrap().log_shards[1] = shard(1, "log-1", &[true, true, true]);
+    let d = decide(&mut p, &o);
+    assert_eq!(restarts(&d), ["log-2"], "{:?}", d.actions);
+    // The stock kernel refuses the WAL tolerance call: it is not sent again.
+    let results = answered(
+        &d.actions,
+        Err(ActionError::Unsupported("logservice method type 22".into())),
+    );
+    o.now += Millis::from_secs(1);
+    let d = p.decide(PolicyInput {
+        observation: &o,
+        results: &results,
+    });
+    assert!(
+        !d.actions
+            .iter()
+            .any(|a| matches!(a, Action::SetTnWalTolerance { .. })),
+        "{:?}",
+        d.actions
+    );
+    log_restarted(&mut p, &mut o, "log-2", "u-log-2b");
+    // Both others lead one shard each: log-0 (first by name) is asked to move its leadership.
+    o.now += Millis::from_secs(1);
+    let d = decide(&mut p, &o);
+    let transfer: Vec<Action> = d
+        .actions
+        .iter()
+        .filter(|a| matches!(a, Action::TransferLogLeader { .. }))
+        .cloned()
+        .collect();
+    assert!(!transfer.is_empty(), "{:?}", d.actions);
+    assert!(restarts(&d).is_empty());
+    // "Not supported": the leader restarts as it is, its peers caught up (Raft elects another).
+    let results = answered(
+        &transfer,
+        Err(ActionError::Unsupported("logservice method type 20".into())),
+    );
+    o.now += Millis::from_secs(1);
+    let d = p.decide(PolicyInput {
+        observation: &o,
+        results: &results,
+    });
+    assert_eq!(restarts(&d), ["log-0"], "{:?}", d.actions);
+    assert!(
+        !d.actions
+            .iter()
+            .any(|a| matches!(a, Action::TransferLogLeader { .. })),
+        "never asked again"
+    );
+}
+
+#[test]
+fn a_failed_leader_transfer_is_retried_never_taken_as_unsupported() {
+    let mut p = SafePolicy::new(SafeConfig::default());
+    let mut o = cluster("v1");
+    upgrade(&mut o, LOG_FIRST);
+    for pod in o.pods.iter_mut().filter(|p| p.name != "log-0") {
+        if pod.component == Component::Log {
+            pod.version = "v2".into();
+        }
+    }
+    let d = decide(&mut p, &o);
+    let transfer: Vec<Action> = d
+        .actions
+        .iter()
+        .filter(|a| matches!(a, Action::TransferLogLeader { .. }))
+        .cloned()
+        .collect();
+    assert!(!transfer.is_empty(), "{:?}", d.actions);
+    for error in [
+        ActionError::Timeout("5s".into()),
+        ActionError::Unavailable("no leader".into()),
+    ] {
+        let results = answered(&transfer, Err(error));
+        o.now += Millis::from_secs(10);
+        let d = p.decide(PolicyInput {
+            observation: &o,
+            results: &results,
+        });
+        assert!(restarts(&d).is_empty(), "{:?}", d.actions);
+        assert!(
+            d.actions
+                .iter()
+                .any(|a| matches!(a, Action::TransferLogLeader { .. })),
+            "sent again: {:?}",
+            d.actions
+        );
+    }
+}
+
 #[test]
 fn a_stall_halts_with_the_failing_gate_and_then_does_nothing() {
     let config = SafeConfig::default();
     let mut p = SafePolicy::new(config.clone());
     let mut o = cluster("v1");
     upgrade(&mut o, LOG_FIRST);
-    // A LOG peer never catches up: the rollout cannot start a restart, ever.
-    o.hakeeper.as_mut().unwrap().log_shards[1] = shard(1, "log-0", &[true, false, true]);
+    // Two LOG peers never catch up: no restart keeps a majority, ever.
+    o.hakeeper.as_mut().unwrap().log_shards[1] = shard(1, "log-0", &[true, false, false]);
     o.tn_wal_tolerance = Some(config.tn_wal_tolerance);
     let mut notes = vec![];
     for t in 0..(config.stall_timeout.0 / 1000 + 120) {

@@ -17,7 +17,7 @@ use mo_core::component::{cn_uuid, store_uuid};
 use mo_core::{
     Action, ActionError, ActionOutput, AllocatorView, ClusterDetails, CnActivity, CnStoreView,
     Component, DrainAnswer, KernelView, LogReplicaView, LogShardView, Millis, ObservationError,
-    RestartAnswer, TnStoreView, WorkState,
+    OldestTxn, RestartAnswer, TnStoreView, WorkState,
 };
 use mo_rpc::pb::{lock, logservice, metadata};
 use mo_rpc::{
@@ -329,6 +329,28 @@ pub fn client_sessions(sessions: &[mo_rpc::pb::status::Session]) -> u32 {
     sessions.iter().filter(|s| !internal(&s.user)).count() as u32
 }
 
+/// Locks some transaction holds or waits for, of a CN's GetLockInfo answer.
+pub fn locks_in_use(locks: &[mo_rpc::pb::query::LockInfo]) -> u32 {
+    locks
+        .iter()
+        .filter(|l| !l.holders.is_empty() || !l.waiters.is_empty())
+        .count() as u32
+}
+
+/// The oldest of a CN's GetTxnInfo answer; a transaction without its creation time is
+/// taken as the oldest possible (never as none).
+pub fn oldest_txn(txns: &[mo_rpc::pb::query::TxnInfo]) -> OldestTxn {
+    txns.iter()
+        .map(|t| {
+            t.create_at.as_ref().map_or(Millis(0), |c| {
+                let millis = c.seconds.max(0) as u64 * 1000 + c.nanos.max(0) as u64 / 1_000_000;
+                Millis(millis)
+            })
+        })
+        .min()
+        .map_or(OldestTxn::NoneRunning, OldestTxn::CreatedAt)
+}
+
 fn is_uuid(text: &str) -> bool {
     let groups: Vec<&str> = text.split('-').collect();
     groups.len() == 5
@@ -478,7 +500,7 @@ impl KernelClients {
             .filter(|c| matches!(c.work_state, WorkState::Draining | WorkState::Drained))
             .map(|c| c.uuid.clone())
             .collect();
-        let cn_addresses: Vec<(String, String)> = {
+        let cn_addresses: Vec<(String, String, bool)> = {
             let by_uuid: BTreeMap<String, &str> = state
                 .cn_state
                 .as_ref()
@@ -492,8 +514,11 @@ impl KernelClients {
             pods.iter()
                 .filter(|p| component_of(p) == Some(Component::Cn))
                 .filter_map(|p| {
-                    let address = by_uuid.get(&cn_uuid(pod_name(p)))?;
-                    (!address.is_empty()).then(|| (pod_name(p).to_string(), address.to_string()))
+                    let uuid = cn_uuid(pod_name(p));
+                    let address = by_uuid.get(&uuid)?;
+                    let draining = draining.contains(&uuid);
+                    (!address.is_empty())
+                        .then(|| (pod_name(p).to_string(), address.to_string(), draining))
                 })
                 .collect()
         };
@@ -574,23 +599,48 @@ impl KernelClients {
         })
     }
 
+    /// `cns`: (pod, query address, draining). Only a draining CN is asked for its locks (the
+    /// answer lists every lock it holds: large on a busy CN), and every CN for its
+    /// transactions only while one of them drains (a hand-over may depend on them).
     async fn cn_activity(
         &self,
-        cns: &[(String, String)],
+        cns: &[(String, String, bool)],
     ) -> BTreeMap<String, Result<CnActivity, ObservationError>> {
-        futures::future::join_all(cns.iter().map(|(pod, address)| {
+        let any_draining = cns.iter().any(|(_, _, draining)| *draining);
+        futures::future::join_all(cns.iter().map(|(pod, address, draining)| {
             let query = self.query(address);
             async move {
-                let (sessions, pipelines, replicas) = futures::join!(
+                let locks = async {
+                    if *draining {
+                        query.get_lock_info().await.ok().map(|l| locks_in_use(&l))
+                    } else {
+                        None
+                    }
+                };
+                let oldest_txn = async {
+                    if any_draining {
+                        query
+                            .get_txn_info()
+                            .await
+                            .map_or(OldestTxn::NotRead, |t| oldest_txn(&t))
+                    } else {
+                        OldestTxn::NotRead
+                    }
+                };
+                let (sessions, pipelines, replicas, locks, oldest_txn) = futures::join!(
                     query.show_process_list(),
                     query.get_pipeline_info(),
-                    query.get_replica_count()
+                    query.get_replica_count(),
+                    locks,
+                    oldest_txn
                 );
                 let activity = (|| {
                     Ok(CnActivity {
                         sessions: client_sessions(&sessions?),
                         pipelines: pipelines?.max(0) as u32,
                         replicas: replica_count(replicas)?,
+                        locks,
+                        oldest_txn,
                     })
                 })()
                 .map_err(|e: RpcError| observation_error(&e));
@@ -676,6 +726,24 @@ mod tests {
             "status": {"podIP": ip},
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn the_oldest_transaction_is_read_from_its_creation_time_and_an_undated_one_is_oldest() {
+        use mo_rpc::pb::query::{TxnInfo, WireTimestamp};
+        let at = |seconds, nanos| TxnInfo {
+            create_at: Some(WireTimestamp { seconds, nanos }),
+            ..Default::default()
+        };
+        assert_eq!(oldest_txn(&[]), OldestTxn::NoneRunning);
+        assert_eq!(
+            oldest_txn(&[at(20, 0), at(10, 5_000_000), at(15, 0)]),
+            OldestTxn::CreatedAt(Millis(10_005))
+        );
+        assert_eq!(
+            oldest_txn(&[at(20, 0), TxnInfo::default()]),
+            OldestTxn::CreatedAt(Millis(0))
+        );
     }
 
     fn shard_info(term: u64, leader: u64) -> logservice::LogShardInfo {

@@ -964,8 +964,19 @@ async fn tick(
             }
         }
     }
+    write_node_images(client, images, images_written).await;
+    Ok(())
+}
+
+/// Writes each node's `status.images` where it changed since the last write (a failed write
+/// is tried again next time).
+async fn write_node_images(
+    client: &Client,
+    images: BTreeMap<String, BTreeSet<String>>,
+    written: &mut BTreeMap<String, BTreeSet<String>>,
+) {
     for (node, refs) in images {
-        if images_written.get(&node) == Some(&refs) {
+        if written.get(&node) == Some(&refs) {
             continue;
         }
         let api: Api<Node> = Api::all(client.clone());
@@ -982,10 +993,9 @@ async fn tick(
             .await
             .is_ok()
         {
-            images_written.insert(node, refs);
+            written.insert(node, refs);
         }
     }
-    Ok(())
 }
 
 /// The fake nodes (sorted by name); only the schedulable ones with `schedulable`.

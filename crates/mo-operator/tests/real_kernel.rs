@@ -30,7 +30,9 @@ async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
 }
 
 fn real_cluster(t: &TestNs, version: &str) -> serde_json::Value {
-    let shared = real_plane_dir().join(format!("shared-{}", t.ns));
+    // One directory per run: a cluster booted on another run's shared storage replays that
+    // cluster's catalog and lock binds (its CNs answer "there is no tenant sys").
+    let shared = real_plane_dir().join(format!("shared-{}-{}", t.ns, std::process::id()));
     serde_json::json!({
         "version": version,
         "log": {"replicas": 3},
@@ -204,4 +206,693 @@ async fn a_real_cluster_serves_sql_registers_every_store_and_survives_log_restar
     });
     println!("real cluster: {figure}");
     write_figure("real-lifecycle.json", &figure);
+}
+
+fn options() -> Options {
+    Options {
+        timeout: Duration::from_secs(5),
+        ..Options::default()
+    }
+}
+
+/// The CN's record as HAKeeper holds it.
+async fn cn_record(t: &TestNs, pod: &str) -> mo_rpc::pb::logservice::CnStore {
+    let uuid = cn_uuid(pod);
+    hakeeper(t)
+        .await
+        .get_cluster_details()
+        .await
+        .expect("details")
+        .cn_stores
+        .into_iter()
+        .find(|c| c.uuid == uuid)
+        .unwrap_or_else(|| panic!("{pod} registered"))
+}
+
+fn main_container(pod: &Pod) -> (i32, Option<String>) {
+    let status = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.iter().find(|c| c.name == "main"))
+        .expect("main container status");
+    let started = status
+        .state
+        .as_ref()
+        .and_then(|s| s.running.as_ref())
+        .and_then(|r| r.started_at.as_ref())
+        .map(|t| t.0.to_string());
+    (status.restart_count, started)
+}
+
+fn label(result: &mo_sqlload::Result<()>) -> Option<String> {
+    match result {
+        Err(mo_sqlload::Error::Sql { error, .. }) => Some(error.label()),
+        _ => None,
+    }
+}
+
+/// Each kernel fact the engine depends on, asserted on the running kernel.
+#[tokio::test]
+async fn the_kernel_facts_the_engine_relies_on_hold_on_the_real_kernel() {
+    let _serial = one_at_a_time().await;
+    use_data_plane(DataPlane::RealKernel);
+    let t = TestNs::new("real-facts").await;
+    // No protection: the test marks a CN behind the operator's back.
+    let _operator = t.operator("op-plain");
+    t.create("mo", real_cluster(&t, "v1.2.4"))
+        .await
+        .expect("create");
+    t.wait_ready("mo", READY_LIMIT).await;
+    let proxy = Target::new("proxy", format!("{}:6001", pod_ip(&t, "mo-proxy-0").await));
+    let ap = Target::new("ap-0", format!("{}:6001", pod_ip(&t, "mo-ap-0").await));
+    let tables = vec!["f1".to_string()];
+    mo_sqlload::prepare(&proxy, "facts", &tables, 10)
+        .await
+        .expect("prepare");
+
+    // 1. An idle CN lists the kernel's own sessions, never zero; only clients count.
+    let query =
+        mo_rpc::QueryClient::new(format!("{}:19998", pod_ip(&t, "mo-ap-0").await), options());
+    let sessions = query.show_process_list().await.expect("ShowProcessList");
+    assert!(!sessions.is_empty(), "an idle CN lists internal sessions");
+    let users: BTreeSet<String> = sessions.iter().map(|s| s.user.clone()).collect();
+    assert_eq!(mo_kube::kernel::client_sessions(&sessions), 0, "{users:?}");
+    let held = mo_sqlload::hold_row_lock(&ap, "facts", "f1", 1)
+        .await
+        .expect("a client session on ap-0");
+    let sessions = query.show_process_list().await.expect("ShowProcessList");
+    assert_eq!(mo_kube::kernel::client_sessions(&sessions), 1);
+    held.commit().await.expect("commit");
+
+    // 2. The version each CN registers is the one stamped into its build.
+    assert_eq!(cn_record(&t, "mo-ap-0").await.commit_id, "v1.2.4");
+
+    // 3. `(true, 0)` is the allocator's answer for a service it does not know.
+    let allocator = mo_rpc::LockAllocatorClient::new(
+        format!("{}:22002", pod_ip(&t, "mo-tn-0").await),
+        options(),
+    );
+    let nobody = "00000000-dead-beef-0000-000000000000";
+    assert!(allocator.can_restart_service(nobody).await.expect("can"));
+    assert_eq!(
+        allocator
+            .remain_txn_in_service(nobody)
+            .await
+            .expect("remain"),
+        0
+    );
+
+    // 4. HAKeeper cannot tell a quickly restarted CN from its old instance; Kubernetes can.
+    let before = cn_record(&t, "mo-tp-0").await;
+    let (restarts, started) = main_container(&t.pod("mo-tp-0").await.expect("tp-0"));
+    let url = format!(
+        "{}/v1/namespaces/{}/pods/mo-tp-0/kill?signal=KILL&container=main",
+        t.shared.admin, t.ns
+    );
+    let killed = reqwest::Client::new()
+        .post(&url)
+        .send()
+        .await
+        .expect("kill");
+    assert!(killed.status().is_success(), "{}", killed.status());
+    wait_for(
+        "tp-0's container restarted and Ready",
+        READY_LIMIT,
+        || async {
+            let p = t.pod("mo-tp-0").await?;
+            (main_container(&p).0 > restarts && pod_ready(&p)).then_some(())
+        },
+    )
+    .await;
+    let after = cn_record(&t, "mo-tp-0").await;
+    let (_, started_again) = main_container(&t.pod("mo-tp-0").await.expect("tp-0"));
+    assert_ne!(started, started_again, "Kubernetes: a new container");
+    assert_eq!(
+        (after.up_time, after.uuid.clone()),
+        (before.up_time, before.uuid.clone()),
+        "HAKeeper: the same record, UpTime included"
+    );
+
+    // 5. A CN marked for a restart refuses every new write transaction for good; reads work.
+    assert_eq!(
+        label(&mo_sqlload::write_once(&ap, "facts", "f1", 2).await),
+        None
+    );
+    let ap_uuid = cn_uuid("mo-ap-0");
+    assert!(allocator.set_restart_service(&ap_uuid).await.expect("mark"));
+    wait_for("ap-0 can restart", Duration::from_secs(60), || async {
+        allocator
+            .can_restart_service(&ap_uuid)
+            .await
+            .ok()?
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        label(&mo_sqlload::write_once(&ap, "facts", "f1", 3).await).as_deref(),
+        Some("20635")
+    );
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(
+        label(&mo_sqlload::write_once(&ap, "facts", "f1", 4).await).as_deref(),
+        Some("20635"),
+        "still refused 15 s later: nothing returns a marked CN to service"
+    );
+    mo_sqlload::table_states(&ap, "facts", &tables)
+        .await
+        .expect("reads still work on the marked CN");
+}
+
+/// Incident 000 on the real kernel: an idle CN (`idle-0`, no client session) owns the lock
+/// tables of the table the other CNs' DML writes.
+fn lock_owner_cluster(t: &TestNs) -> serde_json::Value {
+    let mut spec = real_cluster(t, "v1.2.4");
+    spec["cn"]["groups"] = serde_json::json!([
+        {"name": "tp", "replicas": 2},
+        {"name": "idle", "replicas": 1},
+    ]);
+    spec
+}
+
+/// The kernel's own view of every open transaction and held lock, printed when a hand-over
+/// does not finish (`mo_transactions` and `mo_locks` list the whole cluster's).
+async fn dump_transactions(t: &TestNs) {
+    for pod in ["mo-idle-0", "mo-tp-0", "mo-tp-1"] {
+        let uuid = cn_uuid(pod);
+        let Some(address) = hakeeper(t)
+            .await
+            .get_cluster_details()
+            .await
+            .ok()
+            .and_then(|d| d.cn_stores.into_iter().find(|c| c.uuid == uuid))
+            .map(|c| c.query_address)
+        else {
+            continue;
+        };
+        let query = mo_rpc::QueryClient::new(address, options());
+        match query.get_lock_info().await {
+            Ok(locks) => {
+                for l in locks {
+                    let txns = |w: &[mo_rpc::pb::lock::WaitTxn]| {
+                        w.iter()
+                            .map(|w| format!("{}@{}", hex(&w.txn_id), w.created_on))
+                            .collect::<Vec<_>>()
+                    };
+                    println!(
+                        "{pod} lock: table {} keys {:?} mode {} holders {:?} waiters {:?}",
+                        l.table_id,
+                        l.keys.iter().map(|k| hex(k)).collect::<Vec<_>>(),
+                        l.lock_mode,
+                        txns(&l.holders),
+                        txns(&l.waiters)
+                    );
+                }
+            }
+            Err(e) => println!("{pod} GetLockInfo: {e}"),
+        }
+    }
+    let cn = target(t, "mo-tp-0").await;
+    for view in ["mo_transactions", "mo_locks"] {
+        match mo_sqlload::rows_as_text(&cn, &format!("select * from mo_catalog.{view}")).await {
+            Ok(rows) => {
+                for row in rows {
+                    println!("{view}: {row:?}");
+                }
+            }
+            Err(e) => println!("{view}: {e}"),
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+async fn dml_on(t: &TestNs, database: &str, table: &str, owner: &str) -> mo_sqlload::Workload {
+    let idle = Target::new(owner, format!("{}:6001", pod_ip(t, owner).await));
+    let tables = vec![table.to_string()];
+    let mut targets = Vec::new();
+    for pod in ["mo-tp-0", "mo-tp-1"] {
+        let target = Target::new(pod, format!("{}:6001", pod_ip(t, pod).await));
+        targets.push(mo_sqlload::TargetLoad { target, clients: 2 });
+    }
+    for target in std::iter::once(&idle).chain(targets.iter().map(|l| &l.target)) {
+        target
+            .wait_serving(Duration::from_secs(120))
+            .await
+            .expect("the CN serves SQL");
+    }
+    // Created through the owner and first locked there: it binds both lock tables DML on the
+    // table needs (its rows', and its catalog row's).
+    mo_sqlload::prepare(&idle, database, &tables, 100)
+        .await
+        .expect("prepare through the owner");
+    mo_sqlload::make_owner(&idle, database, table)
+        .await
+        .expect("the owner locks first");
+    let mut config = mo_sqlload::WorkloadConfig::new(targets, database, tables);
+    config.rows_per_table = 100;
+    mo_sqlload::Workload::start(config).await.expect("workload")
+}
+
+#[tokio::test]
+async fn incident_000_on_the_real_kernel_harm_without_protection_none_with_it() {
+    let _serial = one_at_a_time().await;
+    use_data_plane(DataPlane::RealKernel);
+    // Baseline, protection off, in a cluster of its own: a CN that lost its lock tables the
+    // hard way leaves the cluster harmed after it (measured: the next hand-over of a lock
+    // owner there waited on a transaction that never ended), and the protected run must
+    // start from a healthy cluster, as the incident's did.
+    let unprotected = {
+        let t = TestNs::new("real-incident-000-plain").await;
+        let _plain = t.operator("op-plain");
+        t.create("mo", lock_owner_cluster(&t))
+            .await
+            .expect("create");
+        t.wait_ready("mo", READY_LIMIT).await;
+        // A plain delete of the idle owner.
+        let workload = dml_on(&t, "inc", "documents", "mo-idle-0").await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let calm = workload.snapshot();
+        assert_eq!(calm.failed + calm.unknown, 0, "{calm:?}");
+        let out = t.kubectl(&["delete", "pod", "mo-idle-0", "-n", &t.ns, "--wait=false"]);
+        assert!(out.status.success());
+        tokio::time::sleep(Duration::from_secs(40)).await;
+        let unprotected = workload.stop().await;
+        let stall = unprotected.tables["documents"].max_commit_gap_ms;
+        println!(
+            "unprotected: committed {}, failed {:?}, unknown {:?}, longest DML stall {stall} ms",
+            unprotected.committed, unprotected.failed_by_code, unprotected.unknown_by_code
+        );
+        assert!(
+            unprotected.failed + unprotected.unknown > 0 || stall >= 8_000,
+            "losing the lock owner harms the DML (failed or stalled): {unprotected:?}"
+        );
+        // Its processes go before the next cluster boots (2 cores).
+        let out = t.kubectl(&["delete", "moc", "mo", "-n", &t.ns, "--wait=false"]);
+        assert!(out.status.success());
+        wait_for("the baseline's pods gone", READY_LIMIT, || async {
+            t.pod_names().await.is_empty().then_some(())
+        })
+        .await;
+        unprotected
+    };
+
+    // Protected: the operator as deployed (webhooks, preStop hook), `kubectl drain`.
+    let t = TestNs::new("real-incident-000").await;
+    let _operator = t.operator_with_deployed_rbac("op-1");
+    t.create("mo", lock_owner_cluster(&t))
+        .await
+        .expect("create");
+    t.wait_ready("mo", READY_LIMIT).await;
+    let workload = dml_on(&t, "inc", "documents2", "mo-idle-0").await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let a = t.pod("mo-idle-0").await.expect("idle-0");
+    let a_uid = a.uid().expect("uid");
+    let node = a.spec.and_then(|s| s.node_name).expect("bound");
+    let out = t
+        .kubectl_async(&[
+            "drain",
+            &node,
+            "--pod-selector=ops.matrixorigin.io/cn-group=idle",
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=150s",
+        ])
+        .await;
+    let drain_log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        drain_log.contains("evictions.ops.matrixorigin.io"),
+        "the eviction went through the operator's webhook: {drain_log}"
+    );
+    if !out.status.success() {
+        dump_transactions(&t).await;
+    }
+    assert!(out.status.success(), "kubectl drain: {drain_log}");
+    wait_for("idle-0's old instance gone", READY_LIMIT, || async {
+        (t.pod("mo-idle-0").await.and_then(|p| p.uid()) != Some(a_uid.clone())).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let protected = workload.stop().await;
+    let stall = protected.tables["documents2"].max_commit_gap_ms;
+    println!(
+        "protected: committed {}, failed {:?}, unknown {:?}, longest DML stall {stall} ms",
+        protected.committed, protected.failed_by_code, protected.unknown_by_code
+    );
+    assert_eq!(protected.failed + protected.unknown, 0, "{protected:?}");
+    assert!(protected.committed > 0);
+    assert!(
+        protected.consistency.as_ref().is_some_and(|c| c.ok),
+        "{:?}",
+        protected.consistency
+    );
+    // The hand-over takes a couple of seconds (the allocator disables the binds, the DML
+    // rebinds); the DML never waits for the owner's shutdown.
+    assert!(stall < 6_000, "DML stalled {stall} ms");
+    let _ = t.kubectl(&["uncordon", &node]);
+    write_figure(
+        "real-incident-000.json",
+        &serde_json::json!({
+            "unprotected": {"committed": unprotected.committed, "failed": unprotected.failed_by_code,
+                "unknown": unprotected.unknown_by_code,
+                "longest_stall_ms": unprotected.tables["documents"].max_commit_gap_ms},
+            "protected": {"committed": protected.committed, "failed": protected.failed,
+                "unknown": protected.unknown, "longest_stall_ms": stall},
+        }),
+    );
+}
+
+async fn target(t: &TestNs, pod: &str) -> Target {
+    Target::new(pod, format!("{}:6001", pod_ip(t, pod).await))
+}
+
+async fn drain_view(t: &TestNs, pod: &str) -> Option<mo_kube::crd::DrainView> {
+    t.cluster("mo")
+        .await
+        .status?
+        .drains
+        .into_iter()
+        .find(|d| d.pod == pod)
+}
+
+/// Scale-in of a CN that owns lock tables, and an eviction withdrawn after its hand-over was
+/// requested: the CN, which now refuses new writes for good, is restarted, never put back.
+#[tokio::test]
+async fn a_lock_owner_scales_in_and_a_withdrawn_eviction_restarts_the_cn_on_the_real_kernel() {
+    let _serial = one_at_a_time().await;
+    use_data_plane(DataPlane::RealKernel);
+    let t = TestNs::new("real-scale-in").await;
+    let _operator = t.operator_with_deployed_rbac("op-1");
+    let mut spec = real_cluster(&t, "v1.2.4");
+    spec["cn"]["groups"] = serde_json::json!([
+        {"name": "tp", "replicas": 2},
+        {"name": "idle", "replicas": 2},
+    ]);
+    spec["drain"]["evictionAbandon"] = "20s".into();
+    t.create("mo", spec).await.expect("create");
+    t.wait_ready("mo", READY_LIMIT).await;
+
+    // Scale-in: idle-1 owns `t3`, whose DML runs on the tp CNs.
+    let workload = dml_on(&t, "scale", "t3", "mo-idle-1").await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let old = t.pod("mo-idle-1").await.and_then(|p| p.uid()).expect("uid");
+    t.patch_spec(
+        "mo",
+        serde_json::json!({"cn": {"groups": [{"name": "tp", "replicas": 2}, {"name": "idle", "replicas": 1}]}}),
+    )
+    .await;
+    wait_for("idle-1 removed", READY_LIMIT, || async {
+        t.pod("mo-idle-1").await.is_none().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let scaled = workload.stop().await;
+    println!(
+        "scale-in: committed {}, failed {:?}, unknown {:?}, longest stall {} ms",
+        scaled.committed,
+        scaled.failed_by_code,
+        scaled.unknown_by_code,
+        scaled.tables["t3"].max_commit_gap_ms
+    );
+    assert_eq!(scaled.failed + scaled.unknown, 0, "{scaled:?}");
+    assert!(scaled.consistency.as_ref().is_some_and(|c| c.ok));
+    let events = t.kubectl(&["get", "events", "-n", &t.ns, "-o", "json"]);
+    assert!(
+        String::from_utf8_lossy(&events.stdout).contains(&format!("(uid {old})")),
+        "the deletion names the instance"
+    );
+
+    // The withdrawn eviction: idle-0 owns `t5`; a transaction of tp-0 holds a row lock in it,
+    // so idle-0's hand-over cannot finish while `kubectl drain` tries, and it gives up.
+    let idle = target(&t, "mo-idle-0").await;
+    mo_sqlload::prepare(&idle, "scale", &["t5".to_string()], 10)
+        .await
+        .expect("t5 through idle-0");
+    mo_sqlload::make_owner(&idle, "scale", "t5")
+        .await
+        .expect("idle-0 owns t5");
+    let held = mo_sqlload::hold_row_lock(&target(&t, "mo-tp-0").await, "scale", "t5", 1)
+        .await
+        .expect("a long transaction on tp-0 holds a lock in idle-0's table");
+    let a = t.pod("mo-idle-0").await.expect("idle-0");
+    let a_uid = a.uid().expect("uid");
+    let node = a.spec.and_then(|s| s.node_name).expect("bound");
+    let out = t
+        .kubectl_async(&[
+            "drain",
+            &node,
+            "--pod-selector=ops.matrixorigin.io/cn-group=idle",
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=20s",
+        ])
+        .await;
+    assert!(
+        !out.status.success(),
+        "the hand-over could not finish, so kubectl gave up: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let _ = t.kubectl(&["uncordon", &node]);
+    // The evictor is gone; the drain was withdrawn after SetRestartService: it is now a
+    // restart, and idle-0 stays Draining in HAKeeper (never put back to work).
+    let converted = wait_for(
+        "the withdrawn drain becomes a restart",
+        READY_LIMIT,
+        || async {
+            let d = drain_view(&t, "mo-idle-0").await?;
+            (d.pod_uid == a_uid && d.purpose.starts_with("restart")).then_some(d)
+        },
+    )
+    .await;
+    println!("withdrawn: {converted:?}");
+    for _ in 0..10 {
+        let record = cn_record(&t, "mo-idle-0").await;
+        assert_eq!(
+            record.work_state, 2,
+            "Draining, never Working again: {record:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(
+        t.pod("mo-idle-0").await.and_then(|p| p.uid()),
+        Some(a_uid.clone()),
+        "not restarted before its hand-over finished"
+    );
+    held.commit()
+        .await
+        .expect("the long transaction commits: nothing was taken from under it");
+    wait_for("idle-0 restarted and Ready", READY_LIMIT, || async {
+        let p = t.pod("mo-idle-0").await?;
+        (p.uid() != Some(a_uid.clone()) && pod_ready(&p)).then_some(())
+    })
+    .await;
+    t.wait_ready("mo", READY_LIMIT).await;
+    let idle = target(&t, "mo-idle-0").await;
+    mo_sqlload::write_once(&idle, "scale", "t5", 2)
+        .await
+        .expect("the new instance of idle-0 takes writes");
+}
+
+/// A rolling upgrade v1.2.3 → v1.2.4 under DML through the proxies, the operator killed in the
+/// CN phase.
+#[tokio::test]
+async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() {
+    let _serial = one_at_a_time().await;
+    use_data_plane(DataPlane::RealKernel);
+    let t = TestNs::new("real-upgrade").await;
+    let mut operator = t.operator_with_deployed_rbac("op-1");
+    let mut spec = real_cluster(&t, "v1.2.3");
+    spec["cn"]["groups"] = serde_json::json!([{"name": "tp", "replicas": 2}]);
+    spec["proxy"]["replicas"] = 2.into();
+    t.create("mo", spec).await.expect("create");
+    t.wait_ready("mo", READY_LIMIT).await;
+    let mut uids = std::collections::BTreeMap::<String, BTreeSet<String>>::new();
+    let mut seen = |pods: &[Pod]| {
+        for p in pods {
+            uids.entry(p.name_any())
+                .or_default()
+                .insert(p.uid().unwrap_or_default());
+        }
+    };
+    seen(
+        &t.pods()
+            .list(&Default::default())
+            .await
+            .expect("pods")
+            .items,
+    );
+    let proxies = [
+        target(&t, "mo-proxy-0").await,
+        target(&t, "mo-proxy-1").await,
+    ];
+    let tables = vec!["u1".to_string(), "u2".to_string()];
+    mo_sqlload::prepare(&proxies[0], "upg", &tables, 100)
+        .await
+        .expect("prepare");
+    let loads = proxies
+        .iter()
+        .map(|p| mo_sqlload::TargetLoad {
+            target: p.clone(),
+            clients: 2,
+        })
+        .collect();
+    let workload =
+        mo_sqlload::Workload::start(mo_sqlload::WorkloadConfig::new(loads, "upg", tables))
+            .await
+            .expect("workload");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let started = Instant::now();
+    t.patch_spec("mo", serde_json::json!({"version": "v1.2.4"}))
+        .await;
+    // The workload's outcomes as each phase begins: what every phase costs, apart.
+    let mut phases: Vec<(String, mo_sqlload::Outcomes, Instant)> = Vec::new();
+    let mut killed = false;
+    let mut generation = 1;
+    let mut last_step = String::new();
+    loop {
+        let rollout = t
+            .cluster("mo")
+            .await
+            .status
+            .and_then(|s| s.rollout)
+            .filter(|r| r.target == "v1.2.4");
+        let step = rollout.as_ref().map(|r| r.step.clone()).unwrap_or_default();
+        let waiting = rollout.and_then(|r| r.waiting_on).unwrap_or_default();
+        if step != last_step {
+            println!(
+                "{:>6.1} s: {step} ({waiting})",
+                started.elapsed().as_secs_f64()
+            );
+            last_step = step.clone();
+        }
+        // A halt never resolves by itself: fail now, with what it waited on.
+        assert!(
+            !step.starts_with("halted") && !step.starts_with("rolled"),
+            "the upgrade stopped: {step}: {waiting}"
+        );
+        seen(
+            &t.pods()
+                .list(&Default::default())
+                .await
+                .expect("pods")
+                .items,
+        );
+        // `upgrade <component>: …` or `complete`.
+        let phase = step
+            .strip_prefix("upgrade ")
+            .and_then(|s| s.split(':').next())
+            .unwrap_or(&step)
+            .to_string();
+        if !phase.is_empty() && phases.last().is_none_or(|(p, _, _)| *p != phase) {
+            phases.push((phase.clone(), workload.snapshot(), Instant::now()));
+        }
+        if phase == "cn" && !killed {
+            operator.kill();
+            killed = true;
+            generation += 1;
+            operator = t.operator_with_deployed_rbac(&format!("op-{generation}"));
+        }
+        if step == "complete" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1800),
+            "the upgrade did not finish: {step}: {waiting}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let makespan = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let end = workload.stop().await;
+    assert!(killed, "the operator was killed in the CN phase");
+    let names: Vec<&str> = phases.iter().map(|(p, _, _)| p.as_str()).collect();
+    assert_eq!(names, ["log", "tn", "cn", "proxy", "complete"]);
+    let mut cost = serde_json::Map::new();
+    let lost = |o: &mo_sqlload::Outcomes| (o.failed, o.unknown);
+    let (failed0, unknown0) = lost(&phases[0].1);
+    cost.insert(
+        "before".into(),
+        serde_json::json!({"failed": failed0, "unknown": unknown0}),
+    );
+    for (i, (phase, at_start, since)) in phases.iter().enumerate() {
+        let (next, until) = phases
+            .get(i + 1)
+            .map_or((&end, Instant::now()), |(_, o, t)| (o, *t));
+        cost.insert(
+            phase.clone(),
+            serde_json::json!({
+                "failed": next.failed - at_start.failed,
+                "unknown": next.unknown - at_start.unknown,
+                "seconds": (until - *since).as_secs_f64(),
+            }),
+        );
+    }
+    let cost = serde_json::Value::Object(cost);
+    println!(
+        "upgrade: makespan {:.0} s; committed {}; failed {:?}; unknown {:?}; by phase {cost}",
+        makespan.as_secs_f64(),
+        end.committed,
+        end.failed_by_code,
+        end.unknown_by_code
+    );
+    write_figure(
+        "real-upgrade.json",
+        &serde_json::json!({"makespan_seconds": makespan.as_secs_f64(), "committed": end.committed,
+            "failed_by_code": end.failed_by_code, "unknown_by_code": end.unknown_by_code,
+            "by_phase": cost}),
+    );
+    let lost_in = |phase: &str| {
+        cost[phase]["failed"].as_u64().unwrap() + cost[phase]["unknown"].as_u64().unwrap()
+    };
+    for phase in ["before", "log", "cn", "complete"] {
+        assert_eq!(
+            lost_in(phase),
+            0,
+            "no transaction lost in the {phase} phase: {cost} {end:?}"
+        );
+    }
+    // The v1.2.4 proxy closes its clients' connections at once when it stops
+    // (`pkg/proxy/server.go`, `Close` → goetty's `Stop`): a transaction in flight on a
+    // connection to the proxy being restarted is lost, at most one per client of it.
+    let per_proxy_clients = 2;
+    assert!(
+        lost_in("proxy") <= per_proxy_clients * 2,
+        "at most one transaction per client of each restarted proxy: {cost} {end:?}"
+    );
+    t.wait_ready("mo", READY_LIMIT).await;
+    let pods = t
+        .pods()
+        .list(&Default::default())
+        .await
+        .expect("pods")
+        .items;
+    seen(&pods);
+    for p in &pods {
+        let image = p.spec.as_ref().and_then(|s| s.containers[0].image.clone());
+        assert!(
+            image.is_some_and(|i| i.ends_with(":v1.2.4")),
+            "{}",
+            p.name_any()
+        );
+        assert_eq!(main_container(p).0, 0, "{} never crashed", p.name_any());
+    }
+    for (pod, seen) in &uids {
+        assert_eq!(seen.len(), 2, "{pod} restarted exactly once: {seen:?}");
+    }
+    for cn in hakeeper(&t)
+        .await
+        .get_cluster_details()
+        .await
+        .expect("details")
+        .cn_stores
+    {
+        assert_eq!(cn.commit_id, "v1.2.4");
+    }
 }

@@ -502,6 +502,36 @@ impl QueryClient {
         Ok(list.sessions)
     }
 
+    /// The locks in the CN's own lock tables, with their holders and waiters.
+    pub async fn get_lock_info(&self) -> Result<Vec<query::LockInfo>, RpcError> {
+        let r = self
+            .call(query::Request {
+                cmd_method: query::CmdMethod::GetLockInfo as i32,
+                get_lock_info_request: Some(query::GetLockInfoRequest {}),
+                ..Default::default()
+            })
+            .await?;
+        let info = r
+            .get_lock_info_response
+            .ok_or_else(|| missing(self.address(), "GetLockInfoResponse"))?;
+        Ok(info.lock_info_list)
+    }
+
+    /// Every transaction the CN's transaction client runs (or holds waiting to start).
+    pub async fn get_txn_info(&self) -> Result<Vec<query::TxnInfo>, RpcError> {
+        let r = self
+            .call(query::Request {
+                cmd_method: query::CmdMethod::GetTxnInfo as i32,
+                get_txn_info_request: Some(query::GetTxnInfoRequest {}),
+                ..Default::default()
+            })
+            .await?;
+        let info = r
+            .get_txn_info_response
+            .ok_or_else(|| missing(self.address(), "GetTxnInfoResponse"))?;
+        Ok(info.txn_info_list)
+    }
+
     /// Pipelines running on the CN.
     pub async fn get_pipeline_info(&self) -> Result<i64, RpcError> {
         let r = self

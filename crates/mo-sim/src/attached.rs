@@ -289,6 +289,11 @@ impl AttachedCluster {
         }
     }
 
+    /// The kernel offers the run-time WAL tolerance call (an operator extension).
+    pub fn offers_wal_tolerance(&self) -> bool {
+        self.sim.wal_tolerance
+    }
+
     /// Images present on each node.
     pub fn node_images(&self) -> BTreeMap<String, Vec<String>> {
         self.sim.observe().node_images

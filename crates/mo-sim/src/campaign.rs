@@ -79,7 +79,14 @@ pub fn generate(seed: u64) -> Scenario {
 
     let mut y = String::new();
     let _ = writeln!(y, "name: campaign-{seed}\nseed: {seed}\nduration: 60m");
-    let _ = writeln!(y, "kernel: {{drain_protocol: {}}}", rng.random_bool(0.5));
+    // Half the seeds run the stock kernel; the others some of the operator's extensions.
+    let extended = rng.random_bool(0.5);
+    let mut extension = || extended && rng.random_bool(0.5);
+    let (drain_protocol, leader_transfer, wal_tolerance) = (extension(), extension(), extension());
+    let _ = writeln!(
+        y,
+        "kernel: {{drain_protocol: {drain_protocol}, leader_transfer: {leader_transfer}, wal_tolerance: {wal_tolerance}}}"
+    );
     let on_stall = if rng.random_bool(0.5) {
         "Halt"
     } else {

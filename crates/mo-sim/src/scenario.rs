@@ -112,6 +112,12 @@ impl Default for FixedWindowOptions {
 pub struct KernelOptions {
     /// The instance-bound `BeginDrain` / `QueryDrain` / `CancelDrain` the reports ask for.
     pub drain_protocol: bool,
+    /// HAKeeper moves a shard's leadership on request (an operator extension; a stock kernel
+    /// answers "not supported").
+    pub leader_transfer: bool,
+    /// The TN's WAL-append tolerance can be widened at run time (an operator extension; a
+    /// stock kernel answers "not supported" and keeps its built-in retry budget).
+    pub wal_tolerance: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -46,6 +46,9 @@ pub use outcomes::{
     ConsistencyCheck, FailureOutcome, FailureRecord, Outcomes, TableCheck, TableOutcomes,
     TargetOutcomes,
 };
-pub use schema::{TableState, make_owner, prepare, table_id, table_states};
+pub use schema::{
+    HeldLock, TableState, hold_row_lock, make_owner, prepare, rows_as_text, table_id, table_states,
+    write_once,
+};
 pub use target::Target;
 pub use workload::{Pacing, TargetLoad, Workload, WorkloadConfig};

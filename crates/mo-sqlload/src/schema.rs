@@ -167,6 +167,72 @@ pub async fn table_states(
     Ok(states)
 }
 
+/// One write transaction on `target`: `UPDATE <table> SET v = v + 1 WHERE id = <id>`, then
+/// `COMMIT`. The kernel's refusal comes back as [`Error::Sql`] (e.g. 20635 "new txn in CN
+/// rolling restart" on a CN marked for a restart).
+pub async fn write_once(target: &Target, database: &str, table: &str, id: u64) -> Result<()> {
+    check_identifier("database", database)?;
+    check_identifier("table", table)?;
+    let mut conn = connect(target).await?;
+    let result = async {
+        exec(&mut conn, "BEGIN", SETUP_TIMEOUT).await?;
+        exec(
+            &mut conn,
+            &format!("UPDATE {database}.{table} SET v = v + 1 WHERE id = {id}"),
+            SETUP_TIMEOUT,
+        )
+        .await?;
+        exec(&mut conn, "COMMIT", SETUP_TIMEOUT).await
+    }
+    .await;
+    if result.is_err() {
+        let _ = exec(&mut conn, "ROLLBACK", SETUP_TIMEOUT).await;
+    }
+    let _ = conn.disconnect().await;
+    result.map(|_| ()).map_err(|e| target.sql_error(e))
+}
+
+/// An open transaction holding the lock of one row (a long statement in flight, as far as
+/// the lock service sees it) until [`HeldLock::commit`].
+pub struct HeldLock {
+    conn: mysql_async::Conn,
+    target: Target,
+}
+
+/// Begins a transaction on `target` and locks row `id` of `table` (`UPDATE … WHERE id = id`).
+pub async fn hold_row_lock(
+    target: &Target,
+    database: &str,
+    table: &str,
+    id: u64,
+) -> Result<HeldLock> {
+    check_identifier("database", database)?;
+    check_identifier("table", table)?;
+    let mut conn = connect(target).await?;
+    exec(&mut conn, "BEGIN", SETUP_TIMEOUT)
+        .await
+        .map_err(|e| target.sql_error(e))?;
+    exec(
+        &mut conn,
+        &format!("UPDATE {database}.{table} SET v = v + 1 WHERE id = {id}"),
+        SETUP_TIMEOUT,
+    )
+    .await
+    .map_err(|e| target.sql_error(e))?;
+    Ok(HeldLock {
+        conn,
+        target: target.clone(),
+    })
+}
+
+impl HeldLock {
+    pub async fn commit(mut self) -> Result<()> {
+        let result = exec(&mut self.conn, "COMMIT", SETUP_TIMEOUT).await;
+        let _ = self.conn.disconnect().await;
+        result.map(|_| ()).map_err(|e| self.target.sql_error(e))
+    }
+}
+
 async fn connect(target: &Target) -> Result<mysql_async::Conn> {
     target.opts()?;
     target
@@ -190,4 +256,26 @@ where
         Ok(Err(e)) => Err(SqlError::from_mysql(&e)),
         Err(_) => Err(SqlError::timeout("query", SETUP_TIMEOUT)),
     }
+}
+
+/// The rows of a read-only statement, every value as text (diagnostics: the kernel's system
+/// views such as `mo_transactions` and `mo_locks`, printed when a test's expectation fails).
+pub async fn rows_as_text(target: &Target, sql: &str) -> Result<Vec<Vec<String>>> {
+    let mut conn = connect(target).await?;
+    let rows: Result<Vec<mysql_async::Row>, SqlError> = query(&mut conn, sql).await;
+    let _ = conn.disconnect().await;
+    let rows = rows.map_err(|e| target.sql_error(e))?;
+    Ok(rows
+        .into_iter()
+        .map(|row| {
+            row.unwrap()
+                .into_iter()
+                .map(|v| match v {
+                    mysql_async::Value::Bytes(b) => String::from_utf8_lossy(&b).into_owned(),
+                    mysql_async::Value::NULL => "NULL".into(),
+                    other => other.as_sql(true),
+                })
+                .collect()
+        })
+        .collect())
 }

@@ -72,6 +72,31 @@ impl Target {
         }
     }
 
+    /// Waits until the endpoint logs a session in and answers `SELECT 1`, trying every half
+    /// second for up to `limit`. A CN accepts connections before it can serve them: at boot
+    /// it answers 20101 "there is no tenant sys" for a while (measured on v1.2.4).
+    pub async fn wait_serving(&self, limit: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let attempt = async {
+                let mut conn = self.connect(Duration::from_secs(5)).await?;
+                let answer = conn
+                    .query_drop("SELECT 1")
+                    .await
+                    .map_err(|e| SqlError::from_mysql(&e));
+                let _ = conn.disconnect().await;
+                answer
+            };
+            match attempt.await {
+                Ok(()) => return Ok(()),
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    return Err(self.sql_error(e));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+    }
+
     pub(crate) fn sql_error(&self, error: SqlError) -> Error {
         Error::Sql {
             target: self.name.clone(),

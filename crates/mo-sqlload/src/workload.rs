@@ -9,7 +9,7 @@ use rand_chacha::ChaCha8Rng;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::classify::{Phase, SqlError};
+use crate::classify::{ErrorKind, Phase, SqlError};
 use crate::error::{Error, Result};
 use crate::outcomes::{
     ConsistencyCheck, FailureOutcome, FailureRecord, Outcomes, TableOutcomes, TargetOutcomes,
@@ -235,6 +235,9 @@ enum End {
     Committed,
     Failed(Phase, SqlError),
     Unknown(SqlError),
+    /// `BEGIN` found the connection already broken (the server side closed it, e.g. a proxy
+    /// restarted): no transaction started, nothing ran. Counted with the connect errors.
+    NotStarted(SqlError),
 }
 
 /// One finished transaction: the statements that succeeded (with affected rows) and its end.
@@ -360,6 +363,14 @@ impl Client {
             elapsed: began.elapsed(),
         };
         if let Err(e) = exec(conn, "BEGIN", timeout).await {
+            if e.kind == ErrorKind::Io {
+                let report = TxnReport {
+                    done,
+                    end: End::NotStarted(e),
+                    elapsed: began.elapsed(),
+                };
+                return (report, false);
+            }
             let keep = e.session_usable() && rollback(conn, timeout).await;
             return (failed(Phase::Begin, e, done), keep);
         }
@@ -558,6 +569,19 @@ impl Shared {
             .max_txn_latency_ms
             .max(report.elapsed.as_millis() as u64);
         match report.end {
+            End::NotStarted(error) => {
+                s.connect_errors += 1;
+                *s.connect_errors_by_code.entry(error.label()).or_default() += 1;
+                per.connect_errors += 1;
+                self.push_failure(
+                    s,
+                    (target, client),
+                    FailureOutcome::ConnectError,
+                    Phase::Begin,
+                    error,
+                    report.elapsed,
+                );
+            }
             End::Committed => {
                 s.committed += 1;
                 per.committed += 1;
@@ -711,6 +735,30 @@ mod tests {
             end: End::Committed,
             elapsed: Duration::from_millis(5),
         }
+    }
+
+    /// A connection the server closed between transactions: the next `BEGIN` fails with an
+    /// I/O error, nothing ran. A connect error, never a failed transaction.
+    #[test]
+    fn a_begin_on_a_closed_connection_is_a_connect_error_not_a_transaction() {
+        let c = config();
+        let sh = Shared::new(&c);
+        let closed = TxnReport {
+            done: vec![],
+            end: End::NotStarted(SqlError {
+                kind: ErrorKind::Io,
+                mysql_code: None,
+                mo_code: None,
+                sql_state: None,
+                message: "connection closed".into(),
+            }),
+            elapsed: Duration::from_millis(1),
+        };
+        sh.record_txn_at(sh.start, "proxy", 0, &c.tables, closed);
+        let o = sh.outcomes(sh.start);
+        assert_eq!((o.failed, o.unknown, o.connect_errors), (0, 0, 1));
+        assert_eq!(o.per_target["proxy"].connect_errors, 1);
+        assert_eq!(o.connect_errors_by_code, BTreeMap::from([("io".into(), 1)]));
     }
 
     #[test]

@@ -563,6 +563,9 @@ impl Answering {
                         fail(&mut response, hakeeper_error(&e, ""));
                     }
                 }
+                M::GetTnWalTolerance if !sim.model.offers_wal_tolerance() => {
+                    return HaKeeper::not_supported(&request);
+                }
                 M::GetTnWalTolerance => {
                     let view = plane.kernel_view(key, sim);
                     response.tn_wal_tolerance = Some(logservice::TnWalTolerance {

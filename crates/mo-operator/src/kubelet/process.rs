@@ -737,6 +737,15 @@ pub struct Runtime {
     /// (namespace, pod) → the log directory of its latest instance and its first container
     /// (logs outlive pods).
     logs: Mutex<BTreeMap<(String, String), (PathBuf, String)>>,
+    /// (namespace, pod) → the address its last instance had. A recreated pod gets it again:
+    /// with no Services on this machine (no kube-proxy), a stable address is what lets a
+    /// test's SQL clients reconnect to a restarted proxy or CN. (Kubernetes gives a new IP;
+    /// the operator never relies on either.)
+    addresses: Mutex<BTreeMap<(String, String), Ipv4Addr>>,
+    /// Node → the image references a container has started from there. A kubelet reports
+    /// the images it pulled in `status.images`; here an image is "pulled" onto a node by the
+    /// first container that runs it (the operator's pre-pull pods do exactly that).
+    pulled: Mutex<BTreeMap<String, BTreeSet<String>>>,
 }
 
 /// The objects pods name, watched.
@@ -823,7 +832,9 @@ impl Runtime {
             },
             spawner: Spawner::new().context("starting the spawner thread")?,
             pods: Mutex::new(BTreeMap::new()),
+            addresses: Mutex::new(BTreeMap::new()),
             logs: Mutex::new(BTreeMap::new()),
+            pulled: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -843,12 +854,26 @@ impl Runtime {
         let namespace = pod.namespace().unwrap_or_default();
         let name = pod.name_any();
         let spec = pod.spec.clone().unwrap_or_default();
-        let ip = loop {
-            let ip = plane.next_pod_ip();
-            if !taken.contains(&ip) {
-                break ip;
-            }
+        let remembered = self
+            .addresses
+            .lock()
+            .expect("addresses lock")
+            .get(&(namespace.clone(), name.clone()))
+            .copied()
+            .filter(|ip| !taken.contains(ip));
+        let ip = match remembered {
+            Some(ip) => ip,
+            None => loop {
+                let ip = plane.next_pod_ip();
+                if !taken.contains(&ip) {
+                    break ip;
+                }
+            },
         };
+        self.addresses
+            .lock()
+            .expect("addresses lock")
+            .insert((namespace.clone(), name.clone()), ip);
         let dir = self.config.state_dir.join("pods").join(&uid);
         let logs = self
             .config
@@ -961,6 +986,12 @@ impl Runtime {
         let image = c.spec.image.clone().unwrap_or_default();
         let files = sandbox::image_files(&self.config.images, &image)?;
         c.image_id = format!("file://{}", files[0].host.display());
+        self.pulled
+            .lock()
+            .expect("pulled lock")
+            .entry(info.node.clone())
+            .or_default()
+            .insert(image.clone());
         let ctx = info.context(pod);
         let env = sandbox::environment(&ctx, &c.spec, objects)?;
         let argv = sandbox::command_line(&c.spec, &env)?;
@@ -1372,6 +1403,7 @@ pub async fn run(
     pods: &Store<Pod>,
     nodes: &Store<Node>,
 ) -> Result<()> {
+    let mut images_written = BTreeMap::new();
     let runtime = plane.processes.as_ref().expect("process runtime");
     // A parent that dies ends this kubelet like SIGTERM does: its containers go with it.
     nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).context("PR_SET_PDEATHSIG")?;
@@ -1398,6 +1430,8 @@ pub async fn run(
             if let Err(e) = tick(plane, runtime, client, pods, nodes, &sources).await {
                 tracing::warn!(error = %e, "process runtime tick failed");
             }
+            let pulled = runtime.pulled.lock().expect("pulled lock").clone();
+            super::write_node_images(client, pulled, &mut images_written).await;
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         tokio::select! {

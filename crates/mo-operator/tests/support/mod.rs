@@ -115,29 +115,43 @@ pub fn shared() -> &'static Shared {
         let crd_file = log_dir().join("crd.yaml");
         std::fs::write(&crd_file, &crd.stdout).expect("write crd");
         let kubectl = |args: &[&str]| {
-            let out = Command::new(plane.kubectl())
+            Command::new(plane.kubectl())
                 .args(args)
                 .env("KUBECONFIG", &kubeconfig)
                 .output()
-                .expect("kubectl runs");
-            assert!(
-                out.status.success(),
-                "kubectl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+                .expect("kubectl runs")
         };
-        kubectl(&[
+        let out = kubectl(&[
             "apply",
             "--server-side",
             "-f",
             crd_file.to_str().expect("utf-8"),
         ]);
-        kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/matrixoneclusters.ops.matrixorigin.io",
-        ]);
+        assert!(
+            out.status.success(),
+            "kubectl apply: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // `kubectl wait` fails at once while the new CRD has no status yet ("accessor error:
+        // <nil>"): asked again until Established, within a minute.
+        let start = Instant::now();
+        loop {
+            let out = kubectl(&[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=10s",
+                "crd/matrixoneclusters.ops.matrixorigin.io",
+            ]);
+            if out.status.success() {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "the CRD is not Established: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
         let port = mo_testenv::free_port().expect("port");
         let mut command = Command::new(BIN);
         command
@@ -489,6 +503,17 @@ impl TestNs {
             .args(args)
             .env("KUBECONFIG", self.shared.plane.kubeconfig())
             .output()
+            .expect("kubectl runs")
+    }
+
+    /// `kubectl` without blocking the test's runtime: what runs beside it (a SQL workload on
+    /// the same current-thread runtime) keeps running while a long command (a drain) waits.
+    pub async fn kubectl_async(&self, args: &[&str]) -> std::process::Output {
+        tokio::process::Command::new(self.shared.plane.kubectl())
+            .args(args)
+            .env("KUBECONFIG", self.shared.plane.kubeconfig())
+            .output()
+            .await
             .expect("kubectl runs")
     }
 }

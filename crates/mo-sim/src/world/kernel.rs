@@ -337,6 +337,11 @@ impl Simulation {
         to_store: &str,
     ) -> Result<(), mo_core::ActionError> {
         use mo_core::ActionError;
+        if !self.leader_transfer {
+            return Err(ActionError::Unsupported(
+                "logservice method type TransferLeader".into(),
+            ));
+        }
         let s = self
             .shards
             .iter()

@@ -6,8 +6,8 @@ use super::kernel::majority;
 use super::*;
 use mo_core::{
     Action, ActionError, ActionOutput, AllocatorView, ClusterDetails, CnActivity, CnStoreView,
-    DesiredState, LogReplicaView, LogShardView, Observation, ObservationError, PodObservation,
-    PodPhase, PolicyNote, RestartAnswer, TnStoreView,
+    DesiredState, LogReplicaView, LogShardView, Observation, ObservationError, OldestTxn,
+    PodObservation, PodPhase, PolicyNote, RestartAnswer, TnStoreView,
 };
 
 impl Simulation {
@@ -91,6 +91,10 @@ impl Simulation {
                         sessions: cn.sessions.len() as u32,
                         pipelines: 0,
                         replicas: 0,
+                        // The model's query service answers neither GetLockInfo nor
+                        // GetTxnInfo: a wedged hand-over is never confirmed by them here.
+                        locks: None,
+                        oldest_txn: OldestTxn::NotRead,
                     })
                 } else {
                     Err(ObservationError::Unavailable(
@@ -231,6 +235,11 @@ impl Simulation {
                 self.transfer_leader(*shard_id, to_store)
             }
             Action::SetTnWalTolerance { total } => {
+                if !self.wal_tolerance {
+                    return Err(ActionError::Unsupported(
+                        "logservice method type SetTnWalTolerance".into(),
+                    ));
+                }
                 self.tn_wal_tolerance = *total;
                 Ok(())
             }
