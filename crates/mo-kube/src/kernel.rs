@@ -11,7 +11,7 @@
 //! unsupported method become distinct [`ObservationError`] / [`ActionError`] values, which
 //! the core treats as uncertainty, never as an answer.
 
-use crate::observation::{cluster_pods, component_of};
+use crate::observation::{cluster_pods, component_of, container_instance};
 use k8s_openapi::api::core::v1::Pod;
 use mo_core::component::{cn_uuid, store_uuid};
 use mo_core::{
@@ -68,6 +68,11 @@ pub struct KernelClients {
     queries: Mutex<HashMap<String, Arc<QueryClient>>>,
     /// The TN's lock-service address per cluster, as last read from HAKeeper.
     allocator_of: Mutex<HashMap<ClusterKey, String>>,
+    /// Per cluster: the CN instances (query address → Kubernetes instance) whose kernel said
+    /// "not supported" to `GetReplicaCount` (v1.2 has no shard service). Asking them every tick
+    /// only fills their logs; a new instance behind the address (an upgrade, a restart) is asked
+    /// again, since a newer kernel may have replicas to move.
+    without_replica_service: Mutex<HashMap<ClusterKey, HashMap<String, String>>>,
 }
 
 fn observation_error(e: &RpcError) -> ObservationError {
@@ -360,6 +365,15 @@ fn is_uuid(text: &str) -> bool {
             .all(|(g, n)| g.len() == n && g.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
+/// A CN the kernel view reads: its pod, where its query service listens (from HAKeeper), the
+/// Kubernetes instance of its container, and whether it drains.
+struct CnEndpoint {
+    pod: String,
+    query_address: String,
+    instance: Option<String>,
+    draining: bool,
+}
+
 /// A CN's shard replicas. A kernel without `GetReplicaCount` (v1.2 registers no handler for
 /// it) has no shard service, hence no replicas: its "not supported" is an answer, not doubt.
 fn replica_count(answer: Result<i64, RpcError>) -> Result<u32, RpcError> {
@@ -377,6 +391,7 @@ impl KernelClients {
             hakeepers: Mutex::default(),
             allocators: Mutex::default(),
             queries: Mutex::default(),
+            without_replica_service: Mutex::default(),
             allocator_of: Mutex::default(),
         }
     }
@@ -460,6 +475,10 @@ impl KernelClients {
             .lock()
             .expect("allocator lock")
             .remove(&key);
+        self.without_replica_service
+            .lock()
+            .expect("replica service lock")
+            .remove(&key);
     }
 
     /// The kernel's state as far as it answers. `pods` are the cluster's pods (their IPs are
@@ -500,7 +519,7 @@ impl KernelClients {
             .filter(|c| matches!(c.work_state, WorkState::Draining | WorkState::Drained))
             .map(|c| c.uuid.clone())
             .collect();
-        let cn_addresses: Vec<(String, String, bool)> = {
+        let cn_addresses: Vec<CnEndpoint> = {
             let by_uuid: BTreeMap<String, &str> = state
                 .cn_state
                 .as_ref()
@@ -517,14 +536,19 @@ impl KernelClients {
                     let uuid = cn_uuid(pod_name(p));
                     let address = by_uuid.get(&uuid)?;
                     let draining = draining.contains(&uuid);
-                    (!address.is_empty())
-                        .then(|| (pod_name(p).to_string(), address.to_string(), draining))
+                    (!address.is_empty()).then(|| CnEndpoint {
+                        pod: pod_name(p).to_string(),
+                        query_address: address.to_string(),
+                        instance: container_instance(p),
+                        draining,
+                    })
                 })
                 .collect()
         };
+        let key: ClusterKey = (namespace.into(), cluster.into());
         let (lock_allocator, cn_activity, tn_wal_tolerance) = futures::join!(
             self.allocator_view(tn_address.as_deref(), &draining),
-            self.cn_activity(&cn_addresses),
+            self.cn_activity(&key, &cn_addresses),
             hakeeper.get_tn_wal_tolerance(),
         );
         KernelView {
@@ -599,19 +623,32 @@ impl KernelClients {
         })
     }
 
-    /// `cns`: (pod, query address, draining). Only a draining CN is asked for its locks (the
-    /// answer lists every lock it holds: large on a busy CN), and every CN for its
-    /// transactions only while one of them drains (a hand-over may depend on them).
+    /// Only a draining CN is asked for its locks (the answer lists every lock it holds: large
+    /// on a busy CN), and every CN for its transactions only while one of them drains (a
+    /// hand-over may depend on them).
     async fn cn_activity(
         &self,
-        cns: &[(String, String, bool)],
+        cluster: &ClusterKey,
+        cns: &[CnEndpoint],
     ) -> BTreeMap<String, Result<CnActivity, ObservationError>> {
-        let any_draining = cns.iter().any(|(_, _, draining)| *draining);
-        futures::future::join_all(cns.iter().map(|(pod, address, draining)| {
-            let query = self.query(address);
+        let any_draining = cns.iter().any(|c| c.draining);
+        let known_without: HashMap<String, String> = {
+            let mut all = self
+                .without_replica_service
+                .lock()
+                .expect("replica service lock");
+            let known = all.entry(cluster.clone()).or_default();
+            // Addresses no CN of the cluster has any more are forgotten (the map stays bounded).
+            known.retain(|address, _| cns.iter().any(|c| &c.query_address == address));
+            known.clone()
+        };
+        let results = futures::future::join_all(cns.iter().map(|cn| {
+            let query = self.query(&cn.query_address);
+            let asks_replicas = cn.instance.is_none()
+                || known_without.get(&cn.query_address) != cn.instance.as_ref();
             async move {
                 let locks = async {
-                    if *draining {
+                    if cn.draining {
                         query.get_lock_info().await.ok().map(|l| locks_in_use(&l))
                     } else {
                         None
@@ -627,29 +664,51 @@ impl KernelClients {
                         OldestTxn::NotRead
                     }
                 };
+                let replicas = async {
+                    // None: this instance already said "not supported", i.e. has no replicas.
+                    if asks_replicas {
+                        Some(query.get_replica_count().await)
+                    } else {
+                        None
+                    }
+                };
                 let (sessions, pipelines, replicas, locks, oldest_txn) = futures::join!(
                     query.show_process_list(),
                     query.get_pipeline_info(),
-                    query.get_replica_count(),
+                    replicas,
                     locks,
                     oldest_txn
                 );
+                let unsupported =
+                    matches!(&replicas, Some(Err(e)) if e.kind() == ErrorKind::Unsupported);
                 let activity = (|| {
                     Ok(CnActivity {
                         sessions: client_sessions(&sessions?),
                         pipelines: pipelines?.max(0) as u32,
-                        replicas: replica_count(replicas)?,
+                        replicas: replicas.map_or(Ok(0), replica_count)?,
                         locks,
                         oldest_txn,
                     })
                 })()
                 .map_err(|e: RpcError| observation_error(&e));
-                (pod.clone(), activity)
+                (cn, unsupported, activity)
             }
         }))
-        .await
-        .into_iter()
-        .collect()
+        .await;
+        let mut all = self
+            .without_replica_service
+            .lock()
+            .expect("replica service lock");
+        let known = all.entry(cluster.clone()).or_default();
+        results
+            .into_iter()
+            .map(|(cn, unsupported, activity)| {
+                if let (true, Some(instance)) = (unsupported, &cn.instance) {
+                    known.insert(cn.query_address.clone(), instance.clone());
+                }
+                (cn.pod.clone(), activity)
+            })
+            .collect()
     }
 
     /// A kernel call the core asked for.
@@ -972,5 +1031,86 @@ mod tests {
             observation_error(&lost),
             ObservationError::Unavailable(_)
         ));
+    }
+
+    /// A CN query service of v1.2: sessions and pipelines, "not supported" for
+    /// `GetReplicaCount`, whose requests it counts.
+    async fn v1_2_query_service(replica_asks: Arc<Mutex<u32>>) -> String {
+        use mo_rpc::pb::query;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let handler = move |request: query::Request| {
+            use query::CmdMethod as M;
+            let mut r = query::Response {
+                request_id: request.request_id,
+                cmd_method: request.cmd_method,
+                ..Default::default()
+            };
+            match M::try_from(request.cmd_method) {
+                Ok(M::ShowProcessList) => {
+                    r.show_process_list_response = Some(Default::default());
+                }
+                Ok(M::GetPipelineInfo) => {
+                    r.get_pipeline_info_response =
+                        Some(query::GetPipelineInfoResponse { count: 0 });
+                }
+                Ok(M::GetReplicaCount) => {
+                    *replica_asks.lock().unwrap() += 1;
+                    return Some(<mo_rpc::QueryService as mo_rpc::Service>::not_supported(
+                        &request,
+                    ));
+                }
+                _ => {
+                    return Some(<mo_rpc::QueryService as mo_rpc::Service>::not_supported(
+                        &request,
+                    ));
+                }
+            }
+            Some(r)
+        };
+        tokio::spawn(mo_rpc::serve::<mo_rpc::QueryService>(
+            listener,
+            Arc::new(handler),
+            1 << 20,
+        ));
+        address
+    }
+
+    #[tokio::test]
+    async fn a_kernel_without_replica_service_is_asked_once_per_instance() {
+        let asks = Arc::new(Mutex::new(0));
+        let address = v1_2_query_service(asks.clone()).await;
+        let clients = KernelClients::new(KernelSettings::default());
+        let cluster: ClusterKey = ("ns".into(), "mo".into());
+        let cn = |instance: Option<&str>| CnEndpoint {
+            pod: "mo-cn-0".into(),
+            query_address: address.clone(),
+            instance: instance.map(str::to_string),
+            draining: false,
+        };
+        let read = |cns: Vec<CnEndpoint>| {
+            let clients = &clients;
+            let cluster = &cluster;
+            async move {
+                let view = clients.cn_activity(cluster, &cns).await;
+                view.get("mo-cn-0")
+                    .map(|a| a.as_ref().expect("read").replicas)
+            }
+        };
+        // "Not supported" is an answer (no replicas), and it is remembered for this instance.
+        assert_eq!(read(vec![cn(Some("uid-a/0/100"))]).await, Some(0));
+        assert_eq!(read(vec![cn(Some("uid-a/0/100"))]).await, Some(0));
+        assert_eq!(*asks.lock().unwrap(), 1);
+        // A restarted container (or an upgraded kernel) behind the same address is asked again.
+        assert_eq!(read(vec![cn(Some("uid-a/1/200"))]).await, Some(0));
+        assert_eq!(*asks.lock().unwrap(), 2);
+        // Without a known instance nothing is remembered.
+        read(vec![cn(None)]).await;
+        read(vec![cn(None)]).await;
+        assert_eq!(*asks.lock().unwrap(), 4);
+        // A CN gone from the cluster is forgotten: its address, reused, is asked again.
+        assert_eq!(read(vec![]).await, None);
+        read(vec![cn(Some("uid-a/1/200"))]).await;
+        assert_eq!(*asks.lock().unwrap(), 5);
     }
 }

@@ -77,6 +77,25 @@ fn main_status(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStatus
         .find(|c| c.name == "main")
 }
 
+/// The instance of a pod's kernel container as Kubernetes knows it (pod UID, restart count,
+/// start time); None while it does not run.
+pub(crate) fn container_instance(pod: &Pod) -> Option<String> {
+    let status = main_status(pod)?;
+    let started = status
+        .state
+        .as_ref()?
+        .running
+        .as_ref()?
+        .started_at
+        .as_ref()?;
+    Some(format!(
+        "{}/{}/{}",
+        pod.metadata.uid.as_deref()?,
+        status.restart_count,
+        started.0.as_millisecond()
+    ))
+}
+
 fn pod_observation(pod: &Pod, component: Component) -> PodObservation {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let status = pod.status.as_ref();
