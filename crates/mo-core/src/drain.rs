@@ -68,6 +68,30 @@ impl Instance {
     }
 }
 
+/// The TN process whose lock allocator accepted a `SetRestartService`: the allocator keeps its
+/// marks in memory only, and a new one answers "can restart, 0 transactions" for a CN it does
+/// not know (v1.2.4 `lockservice/lock_table_allocator.go`, `canRestartService` and
+/// `remainTxnInService`), which reads exactly like a finished hand-over.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocatorSeen {
+    /// The running TN container (pod UID, its instance); None when none was seen running.
+    pub tn: Option<(String, Instance)>,
+}
+
+impl AllocatorSeen {
+    pub fn of(obs: &Observation) -> AllocatorSeen {
+        let mut running = obs
+            .pods_of(Component::Tn)
+            .filter(|p| p.phase == PodPhase::Running && p.started_at.is_some());
+        let tn = match (running.next(), running.next()) {
+            (Some(p), None) => Some((p.uid.clone(), Instance::of(p))),
+            // None running, or two (a replacement beside a stopping one): not one allocator.
+            _ => None,
+        };
+        AllocatorSeen { tn }
+    }
+}
+
 /// One drain, bound to one instance. Serialized in the progress record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Drain {
@@ -91,6 +115,10 @@ pub struct Drain {
     /// after it (a lost call must not let an older instance's answer through).
     #[serde(default)]
     pub handshake_acked_at: Option<Millis>,
+    /// The allocator the handshake was sent to: an answer from another one (the TN restarted)
+    /// is no answer to it. None in a record written before this field existed.
+    #[serde(default)]
+    pub handshake_allocator: Option<AllocatorSeen>,
     pub release_sent_at: Option<Millis>,
     pub last_eviction_at: Option<Millis>,
     pub cancel_requested: bool,
@@ -139,6 +167,7 @@ impl Drain {
             begin_drain_sent_at: None,
             handshake_sent_at: None,
             handshake_acked_at: None,
+            handshake_allocator: None,
             release_sent_at: None,
             last_eviction_at: Some(now),
             cancel_requested: false,
@@ -165,6 +194,7 @@ impl Drain {
         self.begin_drain_sent_at = None;
         self.handshake_sent_at = None;
         self.handshake_acked_at = None;
+        self.handshake_allocator = None;
         self.no_old_txns_since = None;
         self.confirmed_by_txns = false;
         self.set_stage(DrainStage::MarkDraining, now);
@@ -549,13 +579,31 @@ impl Drain {
         let answer = allocator.restarting.get(&self.cn_uuid);
         let lost = self.handshake_acked_at.is_none()
             && self.resend_due(self.handshake_sent_at, now, timing);
-        if answer.is_none() || self.handshake_sent_at.is_none() || lost {
+        let serving = AllocatorSeen::of(obs);
+        if self.handshake_sent_at.is_some() && self.handshake_allocator.is_none() {
+            // A record from before the allocator was recorded: the one serving now is taken
+            // as the one asked (sending again to the same allocator would wedge its entry).
+            self.handshake_allocator = Some(serving.clone());
+        }
+        let other_allocator =
+            self.handshake_sent_at.is_some() && self.handshake_allocator.as_ref() != Some(&serving);
+        if answer.is_none() || self.handshake_sent_at.is_none() || lost || other_allocator {
             actions.push(Action::SetRestartService {
                 uuid: self.cn_uuid.clone(),
             });
             self.handshake_sent_at = Some(now);
             self.handshake_acked_at = None;
-            self.hold(format!("restart handshake requested for {}", self.pod));
+            self.handshake_allocator = Some(serving);
+            self.no_old_txns_since = None;
+            self.hold(if other_allocator {
+                format!(
+                    "the TN restarted since the handshake for {}: its new lock allocator does not \
+                     know it; handshake requested again",
+                    self.pod
+                )
+            } else {
+                format!("restart handshake requested for {}", self.pod)
+            });
             return false;
         }
         let Some(acked) = self.handshake_acked_at else {
@@ -703,6 +751,14 @@ impl Drain {
             .lock_allocator
             .as_ref()
             .map_err(|e| format!("cannot ask the lock allocator: {e}"))?;
+        if self.kernel_drain_id.is_none()
+            && self
+                .handshake_allocator
+                .as_ref()
+                .is_some_and(|a| *a != AllocatorSeen::of(obs))
+        {
+            return Err("the TN restarted since the handshake".into());
+        }
         let handed_over = match self.kernel_drain_id {
             Some(id) => allocator.drains.get(&id) == Some(&DrainAnswer::Done),
             None if self.confirmed_by_txns => self
@@ -886,6 +942,116 @@ mod tests {
             Millis(3_000),
         );
         a
+    }
+
+    fn tn(o: &mut Observation, uid: &str, restarts: u32) {
+        o.pods.retain(|p| p.component != Component::Tn);
+        o.pods.push(PodObservation {
+            name: "tn-0".into(),
+            uid: uid.into(),
+            component: Component::Tn,
+            node: "node-2".into(),
+            phase: PodPhase::Running,
+            ready: true,
+            version: "v1".into(),
+            terminating: false,
+            restarts,
+            started_at: Some(Millis(100 + u64::from(restarts))),
+            cn_uuid: None,
+            pool_phase: None,
+        });
+    }
+
+    /// A new lock allocator (the TN restarted) answers "can restart, 0 transactions" for a CN
+    /// it does not know: that is no confirmation of the handshake the old one accepted.
+    #[test]
+    fn a_new_lock_allocator_is_asked_again_before_its_answer_counts() {
+        let mut d = remove();
+        let mut a = vec![];
+        let mut o = obs(1_000);
+        tn(&mut o, "tn-uid-1", 0);
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        draining(&mut o);
+        o.now = Millis(2_000);
+        a.clear();
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert_eq!(a, vec![Action::SetRestartService { uuid: "u1".into() }]);
+        d.absorb(
+            &[ActionResult {
+                action: a[0].clone(),
+                result: Ok(ActionOutput::Done),
+            }],
+            Millis(3_000),
+        );
+        // Pod replaced and container restarted in place: each is a new allocator.
+        for (uid, restarts) in [("tn-uid-2", 0), ("tn-uid-2", 1)] {
+            tn(&mut o, uid, restarts);
+            confirm(&mut o);
+            o.now += Millis(5_000);
+            a.clear();
+            d.step(&o, &TIMING, Ok(()), &mut a);
+            assert_eq!(
+                a,
+                vec![Action::SetRestartService { uuid: "u1".into() }],
+                "asked again after the TN became {uid}/{restarts}"
+            );
+            assert!(!d.confirmed());
+            assert!(d.hold.as_deref().unwrap().contains("TN restarted"));
+            d.absorb(
+                &[ActionResult {
+                    action: a[0].clone(),
+                    result: Ok(ActionOutput::Done),
+                }],
+                o.now,
+            );
+        }
+        // The allocator that accepted the request confirms, after its keepalives.
+        o.now += Millis(2_000);
+        a.clear();
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(matches!(&a[..], [Action::DeletePod { uid, .. }] if uid == "uid-1"));
+    }
+
+    /// A confirmation held for a lost release does not survive a TN restart either.
+    #[test]
+    fn a_release_is_not_sent_again_on_a_new_allocators_answer() {
+        let mut d = remove();
+        let mut o = obs(1_000);
+        tn(&mut o, "tn-uid-1", 0);
+        let mut a = vec![];
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        draining(&mut o);
+        o.now = Millis(2_000);
+        a.clear();
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        d.absorb(
+            &[ActionResult {
+                action: a[0].clone(),
+                result: Ok(ActionOutput::Done),
+            }],
+            Millis(3_000),
+        );
+        confirm(&mut o);
+        o.now = Millis(5_000);
+        assert_eq!(d.still_confirmed(&o), Ok(()));
+        tn(&mut o, "tn-uid-2", 0);
+        assert!(d.still_confirmed(&o).unwrap_err().contains("TN restarted"));
+    }
+
+    /// A drain recorded before the allocator was recorded adopts the serving one and does not
+    /// ask it again (a second request wedges a finished entry on the kernel).
+    #[test]
+    fn a_record_without_the_allocator_is_not_asked_again() {
+        let mut d = remove();
+        to_handover(&mut d);
+        d.handshake_allocator = None;
+        let mut o = obs(5_000);
+        tn(&mut o, "tn-uid-1", 0);
+        draining(&mut o);
+        confirm(&mut o);
+        let mut a = vec![];
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(matches!(&a[..], [Action::DeletePod { .. }]), "{a:?}");
     }
 
     #[test]
