@@ -518,6 +518,47 @@ impl TestNs {
     }
 }
 
+/// A real-kernel cluster left behind keeps 7–9 kernel processes (about 2 GB) running and its
+/// pods on the fake nodes the next test drains: each test's pods go when its namespace handle
+/// does (the operators, declared after it, are already killed). Its webhook configuration goes
+/// first: with no operator to answer it, it would refuse the deletes (it fails closed).
+impl Drop for TestNs {
+    fn drop(&mut self) {
+        if KIND.get() != Some(&DataPlane::RealKernel) {
+            return;
+        }
+        let ns = self.ns.clone();
+        let webhooks = format!("mo-operator-{ns}");
+        let steps: [&[&str]; 3] = [
+            &[
+                "delete",
+                "validatingwebhookconfiguration",
+                &webhooks,
+                "--ignore-not-found",
+            ],
+            &["delete", "statefulsets", "--all", "-n", &ns, "--wait=false"],
+            &[
+                "delete",
+                "pods",
+                "--all",
+                "-n",
+                &ns,
+                "--grace-period=1",
+                "--timeout=120s",
+            ],
+        ];
+        for args in steps {
+            let out = self.kubectl(args);
+            if !out.status.success() {
+                eprintln!(
+                    "teardown of {ns}: kubectl {args:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+    }
+}
+
 impl TestNs {
     /// Turns a fault of the simulated kernel on (`{"handover_never_confirms": true}`, …).
     pub async fn fault(&self, name: &str, faults: serde_json::Value) {
