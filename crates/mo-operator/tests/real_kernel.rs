@@ -720,8 +720,8 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
     t.create("mo", spec).await.expect("create");
     t.wait_ready("mo", READY_LIMIT).await;
     let mut uids = std::collections::BTreeMap::<String, BTreeSet<String>>::new();
-    // Each pod instance's deletion, from the API server (uid → (pod, deletionTimestamp in Unix
-    // ms, second precision)): what a lost transaction is checked against.
+    // Each pod instance's deletion request, from the API server (uid → (pod, Unix ms, second
+    // precision)): what a lost transaction is checked against.
     let mut deleted = std::collections::BTreeMap::<String, (String, u64)>::new();
     let seen = |pods: &[Pod],
                 uids: &mut std::collections::BTreeMap<String, BTreeSet<String>>,
@@ -730,10 +730,13 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
             uids.entry(p.name_any())
                 .or_default()
                 .insert(p.uid().unwrap_or_default());
+            // deletionTimestamp is the deadline (the request + the grace period), in seconds.
             if let Some(at) = p.metadata.deletion_timestamp.as_ref() {
+                let grace_ms = p.metadata.deletion_grace_period_seconds.unwrap_or(0).max(0) * 1000;
+                let requested = (at.0.as_millisecond() - grace_ms).max(0) as u64;
                 deleted
                     .entry(p.uid().unwrap_or_default())
-                    .or_insert((p.name_any(), at.0.as_millisecond().max(0) as u64));
+                    .or_insert((p.name_any(), requested));
             }
         }
     };
@@ -761,10 +764,11 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
             clients: 2,
         })
         .collect();
-    let workload =
-        mo_sqlload::Workload::start(mo_sqlload::WorkloadConfig::new(loads, "upg", tables))
-            .await
-            .expect("workload");
+    // Every failure kept (connection retries during a proxy's restart alone add dozens), so
+    // that each lost transaction can be attributed below.
+    let mut config = mo_sqlload::WorkloadConfig::new(loads, "upg", tables);
+    config.recent_failures = 10_000;
+    let workload = mo_sqlload::Workload::start(config).await.expect("workload");
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     let started = Instant::now();
