@@ -149,6 +149,9 @@ pub struct DrainTiming {
     /// A hand-over the allocator has not confirmed this long after accepting it may be
     /// confirmed by every CN's transaction list instead (see [`Drain::hand_over`]).
     pub handover_wedge_after: Millis,
+    /// How often a proxy reloads the CN list from HAKeeper (kernel `cluster.refresh-interval`,
+    /// 5 s): until each has, new connections may still be routed to a CN just marked Draining.
+    pub route_refresh: Millis,
 }
 
 impl Drain {
@@ -464,6 +467,21 @@ impl Drain {
         }
         if self.stage == DrainStage::MigrateSessions {
             match obs.cn_activity.get(&self.pod) {
+                // A proxy routes new connections from its cached CN list, reloaded every
+                // `route_refresh`: a CN that looks empty before every proxy has seen it Draining
+                // can still get a session, whose transactions the marked CN would refuse (20635).
+                Some(Ok(a))
+                    if a.sessions + a.pipelines + a.replicas == 0
+                        && now - self.stage_since < timing.route_refresh =>
+                {
+                    self.hold(format!(
+                        "{} is empty; waiting until every proxy has reloaded its CN list ({} of {})",
+                        self.pod,
+                        now - self.stage_since,
+                        timing.route_refresh
+                    ));
+                    return;
+                }
                 Some(Ok(a)) if a.sessions + a.pipelines + a.replicas == 0 => {
                     self.set_stage(DrainStage::HandOver, now);
                 }
@@ -849,6 +867,8 @@ mod tests {
         eviction_abandon: Millis(120_000),
         alarm_after: Millis(600_000),
         handover_wedge_after: Millis(10_000),
+        // Most tests are about the hand-over; the wait for the proxies has its own test.
+        route_refresh: Millis(0),
     };
 
     fn obs(now: u64) -> Observation {
@@ -1069,6 +1089,31 @@ mod tests {
         o.pods.clear();
         d.step(&o, &TIMING, Ok(()), &mut vec![]);
         assert_eq!(d.end, Some(DrainEnd::Released));
+    }
+
+    /// An empty CN is not asked to hand over until every proxy has reloaded its CN list since
+    /// the CN was marked Draining: a connection routed from a stale list would land on it.
+    #[test]
+    fn the_handshake_waits_until_every_proxy_has_seen_the_draining_mark() {
+        let timing = DrainTiming {
+            route_refresh: Millis(5_000),
+            ..TIMING
+        };
+        let mut d = remove();
+        let mut o = obs(1_000);
+        d.step(&o, &timing, Ok(()), &mut vec![]);
+        draining(&mut o);
+        for now in [2_000, 4_000, 6_999] {
+            o.now = Millis(now);
+            let mut a = vec![];
+            d.step(&o, &timing, Ok(()), &mut a);
+            assert!(a.is_empty(), "at {now} ms: {a:?}");
+            assert_eq!(d.stage, DrainStage::MigrateSessions);
+        }
+        o.now = Millis(7_000);
+        let mut a = vec![];
+        d.step(&o, &timing, Ok(()), &mut a);
+        assert_eq!(a, vec![Action::SetRestartService { uuid: "u1".into() }]);
     }
 
     /// Every uncertain reading holds; none releases.

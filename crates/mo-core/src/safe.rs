@@ -45,6 +45,9 @@ pub struct SafeConfig {
     /// be confirmed by the CN's own lock service (nothing held or awaited in its lock tables).
     #[serde(with = "human")]
     pub handover_wedge_after: Millis,
+    /// The proxies' CN-list refresh interval (kernel `cluster.refresh-interval`).
+    #[serde(with = "human")]
+    pub route_refresh: Millis,
 }
 
 impl Default for SafeConfig {
@@ -60,6 +63,7 @@ impl Default for SafeConfig {
             keepalive: Millis::from_secs(1),
             resend_after: Millis::from_secs(5),
             handover_wedge_after: Millis::from_secs(10),
+            route_refresh: Millis::from_secs(5),
         }
     }
 }
@@ -72,6 +76,7 @@ impl SafeConfig {
             eviction_abandon: self.eviction_abandon,
             alarm_after: self.drain_alarm,
             handover_wedge_after: self.handover_wedge_after,
+            route_refresh: self.route_refresh,
         }
     }
 

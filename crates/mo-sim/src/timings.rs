@@ -57,7 +57,9 @@ pub struct Timings {
     pub cn_hakeeper_wait: Dur,
     pub cn_tn_wait: Dur,
     pub bind_keepalive: Dur,
-    /// Binds of a silent owner are invalidated after this.
+    /// `keepBindTimeout`: the allocator's invalidation check runs this often and takes owners
+    /// silent for at least this long, so their binds move 1–2 times this after they went
+    /// silent (`lockservice/lock_table_allocator.go` `checkInvalidBinds`).
     pub bind_invalidation: Dur,
     pub lock_rpc_latency: Dur,
     /// From SIGTERM to the lock service closing (frontend, pipelines, RPC, gossip close first).
@@ -65,8 +67,10 @@ pub struct Timings {
     /// From SIGTERM to process exit.
     pub cn_shutdown: Dur,
 
-    // --- Proxy (reference: "Roles", "Sessions and draining") ---
+    // --- Proxy (v1.2.4 `pkg/proxy`) ---
+    /// The proxy's CN list refresh (`config.go` `defaultRefreshInterval`).
     pub proxy_refresh: Dur,
+    /// Moving sessions off Draining CNs (`scaling.go` `defaultScalingInterval`).
     pub proxy_rebalance: Dur,
     pub proxy_start: Dur,
     pub proxy_shutdown: Dur,
@@ -109,8 +113,8 @@ impl Default for Timings {
             lock_rpc_latency: Dur::ms(1),
             cn_lock_close: Dur::ms(50),
             cn_shutdown: Dur::secs(1),
-            proxy_refresh: Dur::secs(2),
-            proxy_rebalance: Dur::secs(5),
+            proxy_refresh: Dur::secs(5),
+            proxy_rebalance: Dur::secs(3),
             proxy_start: Dur::secs(3),
             proxy_shutdown: Dur::ms(500),
             operator_tick: Dur::secs(1),

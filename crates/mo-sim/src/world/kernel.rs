@@ -408,6 +408,9 @@ impl Simulation {
             })
             .collect();
         self.tn.allocator = Allocator::default();
+        // The model keeps live owners' binds across a TN restart (the kernel's new allocator
+        // starts empty: see docs/fidelity.md), so it keeps those owners known too.
+        self.tn.allocator.services = live.iter().map(|(_, b)| b.uuid.clone()).collect();
         self.tn.allocator.binds = live.into_iter().collect();
         self.kernel_drains.clear();
         for cn in self.cns.values_mut() {
@@ -433,6 +436,7 @@ impl Simulation {
             return;
         }
         self.tn.phase = TnPhase::Running;
+        self.tn.allocator.checks_since = self.now;
         let p = self.tn.pod;
         self.pods[p].ready = true;
         self.log("tn", || "running".into());
@@ -623,7 +627,21 @@ impl Simulation {
         cn.lock_open = false;
         let name = self.pods[p].name.clone();
         self.log("cn", || format!("{name}: lock service closed"));
-        self.after(self.t.bind_invalidation, Ev::BindInvalidate(p, epoch));
+        let at = self.bind_invalidation_at(self.now);
+        self.schedule(at, Ev::BindInvalidate(p, epoch));
+    }
+
+    /// When the allocator first finds an owner silent since `silent_since`: its check
+    /// (`checkInvalidBinds`) runs every `keepBindTimeout` from the allocator's start and takes
+    /// the services whose last keepalive is at least that old (`serviceBinds.timeout`), so the
+    /// binds move 10–20 s after the owner went silent, by the timer's phase. (The owner's last
+    /// keepalive came up to `bind_keepalive` before it closed: the model dates it at the close.)
+    pub(crate) fn bind_invalidation_at(&self, silent_since: Millis) -> Millis {
+        let period = self.t.bind_invalidation.millis().0.max(1);
+        let start = self.tn.allocator.checks_since.0;
+        let due = silent_since.0 + period;
+        let rounds = due.saturating_sub(start).div_ceil(period).max(1);
+        Millis(start + rounds * period)
     }
 
     pub(crate) fn cn_process_exited(&mut self, p: PodId) {
@@ -639,7 +657,8 @@ impl Simulation {
             self.session_broken(c, "connection closed by CN", cause);
         }
         if was_open {
-            self.after(self.t.bind_invalidation, Ev::BindInvalidate(p, epoch));
+            let at = self.bind_invalidation_at(self.now);
+            self.schedule(at, Ev::BindInvalidate(p, epoch));
         }
     }
 
@@ -674,14 +693,25 @@ impl Simulation {
             .map(|(&p, c)| (p, c.epoch))
             .collect();
         // A new request starts a fresh handshake on the service record of whichever instance
-        // holds the UUID now.
+        // holds the UUID now. A UUID this allocator does not know gets no record at all: the
+        // kernel only logs, and its CN never hears of the request.
+        let known = self.tn.allocator.services.contains(uuid);
+        if !known {
+            self.log("allocator", || {
+                format!("not found restart lock service {uuid}: answering (true, 0)")
+            });
+        }
         self.tn.allocator.restart_marks.insert(
             uuid.to_string(),
             RestartMark {
                 unlock_success: false,
                 epoch: target.first().map(|(_, e)| *e),
+                known,
             },
         );
+        if !known {
+            return Ok(());
+        }
         for (p, epoch) in target {
             self.after(self.t.bind_keepalive, Ev::CnKeepalive(p, epoch));
         }
@@ -706,7 +736,7 @@ impl Simulation {
             .allocator
             .restart_marks
             .get(&cn.uuid)
-            .is_some_and(|m| m.epoch == Some(epoch));
+            .is_some_and(|m| m.known && m.epoch == Some(epoch));
         if !marked && cn.kernel_drain.is_none() {
             return;
         }

@@ -199,6 +199,13 @@ pub(crate) struct Allocator {
     pub binds: BTreeMap<String, Bind>,
     /// Today's handshake, keyed by UUID (not by instance: the hazard the reports describe).
     pub restart_marks: BTreeMap<String, RestartMark>,
+    /// The services this allocator knows: a CN registers at its first `GetBind` since the
+    /// allocator started (v1.2.4 `lockservice/lock_table_allocator.go` `Get` →
+    /// `registerService`), owner or not. The handshake's answers depend on it.
+    pub services: BTreeSet<String>,
+    /// When this allocator's invalidation check began (`checkInvalidBinds`: a timer of
+    /// `keepBindTimeout`, reset after every round).
+    pub checks_since: Millis,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -207,6 +214,10 @@ pub(crate) struct RestartMark {
     /// The instance (start epoch) whose service record the mark was set on. The answer to
     /// `CanRestartService(uuid)` does not say which instance it is about.
     pub epoch: Option<u64>,
+    /// Whether the allocator knew the UUID when asked. For one it did not know,
+    /// `setRestartService` only logs "not found restart lock service", and
+    /// `canRestartService` / `remainTxnInService` answer (true, 0) from then on.
+    pub known: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -737,6 +748,9 @@ impl Simulation {
         }
         for lt in self.scenario.lock_tables.clone() {
             let pod = self.pod_by_name[&lt.owner];
+            // A bind's owner got it through GetBind, which registered it with the allocator.
+            let uuid = self.cns[&pod].uuid.clone();
+            self.tn.allocator.services.insert(uuid);
             let owner = Instance {
                 pod,
                 epoch: self.pods[pod].epoch,

@@ -52,6 +52,15 @@ impl Simulation {
                 .restart_marks
                 .iter()
                 .map(|(uuid, mark)| {
+                    if !mark.known {
+                        // `canRestartService` and `remainTxnInService` for a service the
+                        // allocator has no entry for.
+                        let answer = RestartAnswer {
+                            can_restart: true,
+                            remaining_txns: 0,
+                        };
+                        return (uuid.clone(), answer);
+                    }
                     let live = self
                         .cns
                         .values()
@@ -367,7 +376,12 @@ impl Simulation {
                 if cn.phase != CnPhase::Running {
                     return;
                 }
-                if cn.confirmed_epoch != Some(cn.epoch) {
+                // Nothing depends on a CN the running lock allocator has never heard of (no GetBind
+                // since it started: it owns no bind there, and its keepalive is refused) once its
+                // sessions are gone; the kernel answers (true, 0) for it, as for a handed-over one.
+                let unknown_and_idle =
+                    !self.tn.allocator.services.contains(&cn.uuid) && cn.sessions.is_empty();
+                if cn.confirmed_epoch != Some(cn.epoch) && !unknown_and_idle {
                     let me = Instance {
                         pod: p,
                         epoch: cn.epoch,

@@ -178,6 +178,22 @@ impl Simulation {
     /// lock port; an owner that is handing over refuses new transactions.
     pub(crate) fn acquire_lock(&mut self, x: TxnId, table: usize) -> LockResult {
         let requester = self.txns[&x].cn;
+        // The requester's own lock service, once told to restart, admits only transactions it
+        // already holds locks for; any other fails with 20635, and nothing sets the service
+        // back to Enable (v1.2.4 `lockservice/service.go` `Lock` → `canLockOnServiceStatus`).
+        // (The kernel also admits a transaction whose snapshot predates the mark on a table
+        // the CN already references; the model does not, so it fails more, never fewer.)
+        if let Some(cn) = self.cns.get(&requester.pod)
+            && cn.epoch == requester.epoch
+            && cn.restart_mode != RestartMode::None
+            && self.txns[&x].locks.is_empty()
+        {
+            let text = format!(
+                "new txn in CN rolling restart (20635) on {}",
+                self.pods[requester.pod].name
+            );
+            return LockResult::Failed(text, Cause::Voluntary);
+        }
         let table_name = &self.tables[table];
         let Some(bind) = self.tn.allocator.binds.get(table_name).cloned() else {
             if self.tn.phase != TnPhase::Running {
@@ -266,6 +282,12 @@ impl Simulation {
         if let Some(cn) = self.cns.get_mut(&bind.owner.pod) {
             cn.holders.insert(x);
         }
+        // Locking went through `GetBind`, which registers the requester with the allocator.
+        let requester = self.txns[&x].cn.pod;
+        if let Some(cn) = self.cns.get(&requester) {
+            self.tn.allocator.services.insert(cn.uuid.clone());
+        }
+        self.tn.allocator.services.insert(bind.uuid.clone());
         LockResult::Granted(HeldLock {
             table,
             owner: bind.owner,
