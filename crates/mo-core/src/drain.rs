@@ -280,6 +280,35 @@ impl Drain {
         may_start: Gate,
         actions: &mut Vec<Action>,
     ) {
+        self.step_with(obs, timing, may_start, Ok(()), actions);
+    }
+
+    /// Whether this drain has asked the kernel to hand its lock tables over (the request
+    /// cannot be taken back).
+    pub fn hand_over_requested(&self) -> bool {
+        self.handshake_sent_at.is_some()
+            || self.begin_drain_sent_at.is_some()
+            || self.kernel_drain_id.is_some()
+    }
+
+    /// Requested and not yet confirmed: this CN's tables may still make lockers wait.
+    pub fn handing_over(&self) -> bool {
+        self.hand_over_requested()
+            && self.stage > DrainStage::MarkDraining
+            && self.stage < DrainStage::Confirmed
+    }
+
+    /// As [`Drain::step`], with `may_hand_over`: no other hand-over is under way whose
+    /// transactions could wait on this CN's tables while this CN's wait on its tables (both
+    /// owners refuse new lockers until their own transactions end: neither ever does).
+    pub fn step_with(
+        &mut self,
+        obs: &Observation,
+        timing: &DrainTiming,
+        may_start: Gate,
+        may_hand_over: Gate,
+        actions: &mut Vec<Action>,
+    ) {
         let now = obs.now;
         if self.stage == DrainStage::Finished {
             return;
@@ -509,6 +538,12 @@ impl Drain {
                 self.hold(format!(
                     "HAKeeper's record is not yet this instance's: {why}"
                 ));
+                return;
+            }
+            if !self.hand_over_requested()
+                && let Err(why) = may_hand_over
+            {
+                self.hold(format!("{} waits to hand over: {why}", self.pod));
                 return;
             }
             if !self.hand_over(obs, timing, actions) {

@@ -383,16 +383,38 @@ impl Policy for SafePolicy {
             })
             .map(|d| d.pod.clone())
             .collect();
+        // One hand-over at a time: two owners handing over at once can each wait for a
+        // transaction that waits on the other's tables (a marked owner makes new lockers
+        // retry, with no deadline, until its own transactions end).
+        let mut handing_over: Vec<String> = self
+            .record
+            .drains
+            .iter()
+            .filter(|d| d.handing_over())
+            .map(|d| d.pod.clone())
+            .collect();
         for d in self.record.drains.iter_mut().filter(|d| d.is_active()) {
             let before = d.stage;
             let serves = obs.pod(&d.pod).is_some_and(gates::serves_workload);
+            let may_hand_over = match handing_over.iter().find(|p| **p != d.pod) {
+                Some(other) => Err(format!(
+                    "{other} is handing its lock tables over first (two hand-overs at once can wait on each other's tables for good)"
+                )),
+                None => Ok(()),
+            };
             let may_start = if serves && before == DrainStage::MarkDraining {
                 gates::other_working_cn_excluding(obs, &d.pod, &draining)
             } else {
                 Ok(())
             };
-            d.step(obs, &timing, may_start, &mut actions);
-            if before == DrainStage::MarkDraining && d.stage != before && serves {
+            let allowed = may_start.is_ok();
+            d.step_with(obs, &timing, may_start, may_hand_over, &mut actions);
+            if d.handing_over() && !handing_over.contains(&d.pod) {
+                handing_over.push(d.pod.clone());
+            }
+            // A drain allowed to start counts from this tick on, marked or not yet: two drains
+            // that start in the same instant must not each count the other as Working.
+            if before == DrainStage::MarkDraining && serves && (d.stage != before || allowed) {
                 draining.push(d.pod.clone());
             }
             if d.stage == DrainStage::Released && before != DrainStage::Released {

@@ -711,3 +711,96 @@ fn a_released_drain_is_checked_again_before_a_second_eviction_is_allowed() {
         .expect("the drain goes on");
     assert_eq!(d.stage, drain::DrainStage::MarkDraining);
 }
+
+#[test]
+fn evictions_of_the_last_two_cns_in_the_same_instant_drain_only_one() {
+    // Both drains are decided in one step, before HAKeeper shows either mark: the second must
+    // count the first as draining, or both CNs are marked and neither's sessions can move.
+    let mut p = SafePolicy::new(SafeConfig::default());
+    let o = cluster("v1");
+    for (pod, uid) in [("cn-0", "u-cn-0"), ("cn-1", "u-cn-1")] {
+        let req = EvictionRequest {
+            pod: pod.into(),
+            uid: uid.into(),
+            source: "cluster-autoscaler".into(),
+        };
+        assert!(matches!(
+            p.review_eviction(&o, &req),
+            EvictionVerdict::Deny { .. }
+        ));
+    }
+    let marked = |d: &Decision| -> Vec<String> {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::SetCnWorkState {
+                    uuid,
+                    state: WorkState::Draining,
+                } => Some(uuid.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let first = decide(&mut p, &o);
+    assert_eq!(marked(&first), vec!["uuid-cn-0".to_string()]);
+    // Next tick, the mark still not visible: still only the first.
+    let mut later = o.clone();
+    later.now = o.now + Millis::from_secs(1);
+    assert_eq!(
+        marked(&decide(&mut p, &later)),
+        vec!["uuid-cn-0".to_string()]
+    );
+}
+
+#[test]
+fn two_lock_owners_never_hand_over_at_once() {
+    // Each owner, once marked, makes new lockers of its tables retry until its own
+    // transactions end; two at once can wait on each other for good. The second waits.
+    let mut o = cluster("v1");
+    o.pods.push(pod("cn-2", Component::Cn, "v1", "u-cn-2"));
+    o.hakeeper.as_mut().unwrap().cns.push(CnStoreView {
+        uuid: "uuid-cn-2".into(),
+        start_epoch: 12,
+        work_state: WorkState::Working,
+        heartbeat_age: Millis(500),
+        version: "v1".into(),
+    });
+    o.cn_activity
+        .insert("cn-2".to_string(), Ok(CnActivity::default()));
+    let mut p = SafePolicy::new(SafeConfig::default());
+    for (pod, uid) in [("cn-0", "u-cn-0"), ("cn-1", "u-cn-1")] {
+        let req = EvictionRequest {
+            pod: pod.into(),
+            uid: uid.into(),
+            source: "cluster-autoscaler".into(),
+        };
+        assert!(matches!(
+            p.review_eviction(&o, &req),
+            EvictionVerdict::Deny { .. }
+        ));
+    }
+    decide(&mut p, &o);
+    for cn in &mut o.hakeeper.as_mut().unwrap().cns[..2] {
+        cn.work_state = WorkState::Draining;
+    }
+    let handshakes = |d: &Decision| -> Vec<String> {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::SetRestartService { uuid } => Some(uuid.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    // (Unanswered, the request is sent again: only which CNs are asked matters here.)
+    let mut sent = std::collections::BTreeSet::new();
+    for s in 1..=30 {
+        o.now = Millis::from_secs(100 + s);
+        sent.extend(handshakes(&decide(&mut p, &o)));
+    }
+    assert_eq!(
+        sent.into_iter().collect::<Vec<_>>(),
+        vec!["uuid-cn-0".to_string()],
+        "only the first hands over"
+    );
+}

@@ -114,6 +114,10 @@ fn print_report(r: &CampaignReport, shrunk: &[String]) {
     for (invariant, n) in &r.by_invariant {
         println!("  {n:>6} × {invariant}");
     }
+    println!("scenarios per class of disruption:");
+    for (class, n) in &r.by_class {
+        println!("  {n:>6} × {class}");
+    }
     for f in r.failures.iter().take(10) {
         println!(
             "seed {} at {:.0}s: {}: {}",

@@ -289,6 +289,10 @@ pub struct PodRef {
     /// Who asks (for evictions): `kubectl-drain`, `cluster-autoscaler`, …
     #[serde(default = "default_source")]
     pub source: String,
+    /// For evictions: the evictor stops retrying after this (a drain tool that times out, an
+    /// autoscaler that picks another node). Without it, it retries for good.
+    #[serde(default)]
+    pub give_up_after: Option<Dur>,
 }
 
 fn default_source() -> String {
@@ -336,6 +340,7 @@ pub enum EventKind {
     Evict {
         pod: String,
         source: String,
+        give_up_after: Option<Dur>,
     },
     DrainNode {
         node: String,
@@ -381,6 +386,7 @@ impl EventSpec {
             kinds.push(EventKind::Evict {
                 pod: p.pod.clone(),
                 source: p.source.clone(),
+                give_up_after: p.give_up_after,
             });
         }
         if let Some(n) = &self.drain_node {

@@ -363,7 +363,12 @@ impl Simulation {
         }
     }
 
-    pub(crate) fn request_eviction(&mut self, pod: String, source: String) {
+    pub(crate) fn request_eviction(
+        &mut self,
+        pod: String,
+        source: String,
+        give_up_at: Option<Millis>,
+    ) {
         let retry = match (&self.scenario.consolidation, source.as_str()) {
             (Some(c), "consolidation-agent") => c.retry.millis(),
             _ => Millis::from_secs(5),
@@ -372,6 +377,7 @@ impl Simulation {
             pod,
             source,
             retry,
+            give_up_at,
             done: false,
         });
         self.retry_eviction(self.evictions.len() - 1);
@@ -390,6 +396,13 @@ impl Simulation {
         };
         if self.pods[p].deletion.is_some() {
             self.evictions[i].done = true;
+            return;
+        }
+        if self.evictions[i].give_up_at.is_some_and(|t| self.now >= t) {
+            self.evictions[i].done = true;
+            self.log("k8s", || {
+                format!("eviction of {name} by {source}: evictor gave up")
+            });
             return;
         }
         if let Some(reason) = self.pdb_refusal(p) {

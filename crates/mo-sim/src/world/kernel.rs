@@ -907,30 +907,47 @@ impl Simulation {
     /// between transactions.
     pub(crate) fn rebalance_sessions(&mut self) {
         for c in 0..self.clients.len() {
-            let client = &self.clients[c];
-            let (Some(session), None, Some(proxy_pod)) = (client.session, client.txn, client.proxy)
-            else {
-                continue;
-            };
-            let Some(proxy) = self.proxies.get(&proxy_pod) else {
-                continue;
-            };
-            let uuid = self.cns.get(&session.pod).map(|cn| cn.uuid.clone());
-            let still_routable = uuid.is_some_and(|u| {
-                proxy
-                    .cache
-                    .iter()
-                    .any(|(cu, s)| *cu == u && self.routable_cn(cu, *s) == Some(session.pod))
-            });
-            if still_routable {
+            if self.clients[c].txn.is_some() {
+                // Not inside a transaction: the proxy records the intent and moves the
+                // session when the transaction ends.
+                if self.session_unroutable(c).is_some() {
+                    self.clients[c].transfer_intent = true;
+                }
                 continue;
             }
-            if let Some(target) = self.pick_cn(proxy_pod)
-                && target != session.pod
-            {
-                self.drop_session(c);
-                self.attach_session(c, proxy_pod, target);
-            }
+            self.move_unroutable_session(c);
+        }
+    }
+
+    /// The session's proxy, if the session sits on a CN that proxy no longer routes to.
+    fn session_unroutable(&self, c: ClientId) -> Option<PodId> {
+        let client = &self.clients[c];
+        let (Some(session), Some(proxy_pod)) = (client.session, client.proxy) else {
+            return None;
+        };
+        let proxy = self.proxies.get(&proxy_pod)?;
+        let uuid = self.cns.get(&session.pod).map(|cn| cn.uuid.clone());
+        let still_routable = uuid.is_some_and(|u| {
+            proxy
+                .cache
+                .iter()
+                .any(|(cu, s)| *cu == u && self.routable_cn(cu, *s) == Some(session.pod))
+        });
+        (!still_routable).then_some(proxy_pod)
+    }
+
+    /// Moves an idle session off a CN its proxy no longer routes to (between transactions).
+    pub(crate) fn move_unroutable_session(&mut self, c: ClientId) {
+        self.clients[c].transfer_intent = false;
+        let Some(proxy_pod) = self.session_unroutable(c) else {
+            return;
+        };
+        let session = self.clients[c].session.expect("has a session");
+        if let Some(target) = self.pick_cn(proxy_pod)
+            && target != session.pod
+        {
+            self.drop_session(c);
+            self.attach_session(c, proxy_pod, target);
         }
     }
 

@@ -344,7 +344,6 @@ pub(crate) struct Txn {
     pub next_stmt: usize,
     pub stage: TxnStage,
     pub locks: Vec<HeldLock>,
-    pub lock_wait_deadline: Option<Millis>,
     /// The CN retries an unavailable TN until then.
     pub tn_wait_deadline: Option<Millis>,
     /// When COMMIT was sent; its client-side timeout is armed only once the commit waits.
@@ -360,6 +359,9 @@ pub(crate) struct Client {
     pub proxy: Option<PodId>,
     pub txn: Option<TxnId>,
     pub wakeup_pending: bool,
+    /// The proxy wanted to move this session during a transaction: it moves as soon as the
+    /// transaction ends (v1.2.4 `proxy/tunnel.go` `transferIntent`).
+    pub transfer_intent: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -367,6 +369,8 @@ pub(crate) struct PendingEviction {
     pub pod: String,
     pub source: String,
     pub retry: Millis,
+    /// The evictor stops retrying at this time (None: never).
+    pub give_up_at: Option<Millis>,
     pub done: bool,
 }
 
@@ -1022,9 +1026,14 @@ impl Simulation {
             self.last_involuntary_at = Some(self.now);
         }
         match kind {
-            EventKind::Evict { pod, source } => {
+            EventKind::Evict {
+                pod,
+                source,
+                give_up_after,
+            } => {
                 self.log("k8s", || format!("eviction of {pod} requested by {source}"));
-                self.request_eviction(pod, source);
+                let give_up_at = give_up_after.map(|d| self.now + d.millis());
+                self.request_eviction(pod, source, give_up_at);
             }
             EventKind::DrainNode { node } => {
                 let Some(n) = self.nodes.iter().position(|x| x.name == node) else {
@@ -1033,7 +1042,7 @@ impl Simulation {
                 self.nodes[n].cordoned = true;
                 self.log("k8s", || format!("kubectl drain {node}: cordoned"));
                 for name in self.pods_on_node(n) {
-                    self.request_eviction(name, "kubectl-drain".into());
+                    self.request_eviction(name, "kubectl-drain".into(), None);
                 }
             }
             EventKind::ScaleIn { group, replicas } => {
@@ -1193,7 +1202,7 @@ impl Simulation {
                     },
                 );
             } else {
-                self.request_eviction(name, "consolidation-agent".into());
+                self.request_eviction(name, "consolidation-agent".into(), None);
             }
         }
     }

@@ -190,7 +190,6 @@ fn a_cn_told_to_restart_refuses_its_own_new_writes_for_good() {
         next_stmt: 0,
         stage: TxnStage::Statements,
         locks,
-        lock_wait_deadline: None,
         tn_wait_deadline: None,
         commit_sent_at: Millis::ZERO,
         timeout_armed: false,
@@ -245,6 +244,51 @@ fn a_uuid_the_allocator_does_not_know_is_answered_can_restart_and_its_cn_never_h
 }
 
 #[test]
+fn a_locker_of_a_handing_over_owner_waits_for_as_long_as_the_hand_over_takes() {
+    // v1.2.4 `lock_op.go` `canRetryLock`: "retry for CN rolling restart" sleeps 1 s and asks
+    // again, with no deadline; the wait ends with the hand-over, never in a failure.
+    let yaml = format!("{BASE}lock_tables: [{{table: a, owner: cn-1}}]\n")
+        .replace("tables: [a, b]", "tables: [a]");
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(10));
+    let cn1 = pod(&s, "cn-1");
+    let cn0 = pod(&s, "cn-0");
+    let uuid = s.cns[&cn1].uuid.clone();
+    let waiter = Txn {
+        client: 0,
+        cn: Instance {
+            pod: cn0,
+            epoch: s.cns[&cn0].epoch,
+        },
+        tables: vec![0],
+        next_stmt: 0,
+        stage: TxnStage::Statements,
+        locks: vec![],
+        tn_wait_deadline: None,
+        commit_sent_at: Millis::ZERO,
+        timeout_armed: false,
+        reported: false,
+    };
+    s.txns.insert(900_002, waiter);
+    // A holder that keeps cn-1 handing over for the whole test.
+    s.cns.get_mut(&cn1).unwrap().holders.insert(900_001);
+    s.set_restart_service(&uuid).unwrap();
+    run_to(&mut s, secs(12));
+    s.stmt_done(0, 900_002);
+    run_to(&mut s, secs(60));
+    let txn = &s.txns[&900_002];
+    assert!(
+        !txn.reported && txn.locks.is_empty(),
+        "still waiting after 48 s"
+    );
+    assert!(
+        !s.errors_by_kind.keys().any(|k| k.contains("lock wait")),
+        "{:?}",
+        s.errors_by_kind
+    );
+}
+
+#[test]
 fn handshake_refuses_new_locks_but_lets_active_transactions_finish() {
     let yaml = format!("{BASE}lock_tables: [{{table: a, owner: cn-1}}]\n")
         .replace("tables: [a, b]", "tables: [a]");
@@ -268,7 +312,6 @@ fn handshake_refuses_new_locks_but_lets_active_transactions_finish() {
                 next_stmt: 0,
                 stage: TxnStage::Statements,
                 locks: vec![],
-                lock_wait_deadline: None,
                 tn_wait_deadline: None,
                 commit_sent_at: Millis::ZERO,
                 timeout_armed: false,
@@ -393,6 +436,29 @@ fn proxy_moves_sessions_off_a_draining_cn_between_transactions() {
         "moves only after refresh + rebalance"
     );
     run_to(&mut s, secs(25));
+    assert!(s.cns[&cn1].sessions.is_empty());
+    assert_eq!(failures(&s), 0);
+}
+
+#[test]
+fn a_session_always_in_a_transaction_moves_when_one_ends() {
+    // Statements of 2 s and no think time to speak of: the session is almost never idle when
+    // the proxy looks, so it moves on its transfer intent, as a transaction ends.
+    let yaml = BASE
+        .replace("clients: 4, txn_rate: 10", "clients: 2, txn_rate: 1000")
+        .replace("tables: [a, b]}", "tables: [a, b], statement_latency: 2s}");
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(10));
+    let cn1 = pod(&s, "cn-1");
+    assert!(!s.cns[&cn1].sessions.is_empty());
+    let uuid = s.cns[&cn1].uuid.clone();
+    s.apply_action(&mo_core::Action::SetCnWorkState {
+        uuid,
+        state: WorkState::Draining,
+    })
+    .unwrap();
+    // Refresh (5 s) + rebalance (3 s) + one transaction of up to 3 statements of 2 s.
+    run_to(&mut s, secs(10 + 5 + 3 + 7));
     assert!(s.cns[&cn1].sessions.is_empty());
     assert_eq!(failures(&s), 0);
 }

@@ -21,8 +21,10 @@ pub(crate) enum LockResult {
     Failed(String, Cause),
 }
 
-const LOCK_RETRY: Millis = Millis(100);
-const LOCK_WAIT_TIMEOUT: Millis = Millis(10_000);
+/// A lock refused with "retry for CN rolling restart" is asked again after this, for as long
+/// as it takes: v1.2.4 `sql/colexec/lockop/lock_op.go` `canRetryLock` sleeps
+/// `defaultWaitTimeOnRetryLock` (1 s) and `doLock` has no deadline.
+const LOCK_RETRY: Millis = Millis(1_000);
 const RECONNECT_DELAY: Millis = Millis(1_000);
 const TN_RETRY: Millis = Millis(500);
 
@@ -118,7 +120,6 @@ impl Simulation {
                 next_stmt: 0,
                 stage: TxnStage::Statements,
                 locks: Vec::new(),
-                lock_wait_deadline: None,
                 tn_wait_deadline: None,
                 commit_sent_at: Millis::ZERO,
                 timeout_armed: false,
@@ -143,7 +144,6 @@ impl Simulation {
             LockResult::Granted(lock) => {
                 let txn = self.txns.get_mut(&x).expect("present");
                 txn.locks.push(lock);
-                txn.lock_wait_deadline = None;
                 txn.next_stmt += 1;
                 let latency = self.scenario.workload.statement_latency;
                 if txn.next_stmt == txn.tables.len() {
@@ -155,17 +155,8 @@ impl Simulation {
                 }
             }
             LockResult::Retry => {
-                let now = self.now;
-                let txn = self.txns.get_mut(&x).expect("present");
-                let deadline = *txn
-                    .lock_wait_deadline
-                    .get_or_insert(now + LOCK_WAIT_TIMEOUT);
-                if now >= deadline {
-                    self.abort_txn(x, "lock wait timeout".into(), Cause::Voluntary);
-                } else {
-                    let at = now + LOCK_RETRY;
-                    self.schedule(at, Ev::StmtDone(c, x));
-                }
+                let at = self.now + LOCK_RETRY;
+                self.schedule(at, Ev::StmtDone(c, x));
             }
             LockResult::WaitForTn => {
                 self.retry_tn(x, Ev::StmtDone(c, x), "lock table allocator unavailable")
@@ -527,6 +518,8 @@ impl Simulation {
             {
                 // The proxy is shutting down: it closes this connection after the transaction.
                 self.drop_session(c);
+            } else if self.clients[c].transfer_intent {
+                self.move_unroutable_session(c);
             }
             let delay = self.think_time();
             self.wake_client(c, delay);
