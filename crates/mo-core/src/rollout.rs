@@ -127,6 +127,11 @@ pub struct Rollout {
     /// timeout proves nothing and the call is retried).
     #[serde(default)]
     pub unsupported: BTreeSet<Extension>,
+    /// The current step's gate has passed once. Its first pass counts as progress (the
+    /// stability window starts); later passes of a gate that flaps do not, so a flapping gate
+    /// halts at the stall timeout instead of holding the rollout for good.
+    #[serde(default)]
+    pub healthy_seen: bool,
 }
 
 /// What happened this step, for the policy to report.
@@ -159,6 +164,7 @@ impl Rollout {
             hold: None,
             absent_since: None,
             unsupported: BTreeSet::new(),
+            healthy_seen: false,
         }
     }
 
@@ -213,6 +219,7 @@ impl Rollout {
         self.step = step;
         self.last_progress = now;
         self.hold = None;
+        self.healthy_seen = false;
     }
 
     fn wait(&mut self, reason: impl Into<String>) {
@@ -395,8 +402,9 @@ impl Rollout {
                             // The last pod's window is the phase's settle window.
                             self.progress(now, Step::NextPod);
                         } else {
-                            if healthy_since.is_none() {
+                            if healthy_since.is_none() && !self.healthy_seen {
                                 self.last_progress = now;
+                                self.healthy_seen = true;
                             }
                             self.step = Step::Verify {
                                 pod: pod.clone(),
@@ -425,8 +433,9 @@ impl Rollout {
                         if now - since >= timing.stability_window {
                             self.finish_phase(now, component, actions, &mut report);
                         } else {
-                            if healthy_since.is_none() {
+                            if healthy_since.is_none() && !self.healthy_seen {
                                 self.last_progress = now;
+                                self.healthy_seen = true;
                             }
                             self.step = Step::Settle {
                                 healthy_since: Some(since),

@@ -477,6 +477,56 @@ fn a_stall_halts_with_the_failing_gate_and_then_does_nothing() {
 }
 
 #[test]
+fn a_gate_that_flaps_halts_at_the_stall_timeout_instead_of_holding_for_good() {
+    let config = SafeConfig::default();
+    let (mut p, mut o) = proxy_first_upgrade(config.clone());
+    let old = o.pods.iter().position(|x| x.name == "proxy-0").unwrap();
+    o.pods[old].uid = "u-px-0b".into();
+    o.pods[old].version = "v2".into();
+    o.pods[old].started_at = Some(o.now);
+    let start = o.now;
+    let window = config.stability_window.0 / 1000;
+    let mut halted = None;
+    let mut seconds = 0;
+    while halted.is_none() && seconds < 3 * config.stall_timeout.0 / 1000 {
+        seconds += 1;
+        o.now = start + Millis::from_secs(seconds);
+        // Healthy for half the stability window, then a failed read: the window never fills.
+        let healthy = seconds % window < window / 2;
+        o.proxy_routes.insert(
+            "proxy-0".into(),
+            if healthy {
+                Ok(2)
+            } else {
+                Err(ObservationError::Timeout("route check".into()))
+            },
+        );
+        let d = decide(&mut p, &o);
+        assert!(
+            !d.actions
+                .iter()
+                .any(|a| matches!(a, Action::RestartPod { pod, .. } if pod == "proxy-1")),
+            "the rollout never advances past a gate that never holds for its window"
+        );
+        halted = d.notes.iter().find_map(|n| match n {
+            PolicyNote::Holding { subject, reason }
+                if subject == "rollout" && reason.starts_with("halted") =>
+            {
+                Some(reason.clone())
+            }
+            _ => None,
+        });
+    }
+    let reason = halted.expect("a flapping gate halts the rollout");
+    assert!(reason.contains("proxy phase"), "{reason}");
+    // The stall clock ran from the gate's first pass, not from its last.
+    assert!(
+        seconds <= config.stall_timeout.0 / 1000 + window + 2,
+        "halted after {seconds} s"
+    );
+}
+
+#[test]
 fn rollback_restores_the_phase_through_the_same_gates() {
     let config = SafeConfig {
         on_stall: OnStall::Rollback,

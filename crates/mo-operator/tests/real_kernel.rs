@@ -575,6 +575,77 @@ fn unix_ms_now() -> u64 {
         .as_millis() as u64
 }
 
+/// Every pod instance's deletion request (uid → (pod, Unix ms)), recorded by a watch so that
+/// an instance gone between two polls is still on record.
+struct DeletionLog {
+    deleted: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, (String, u64)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl DeletionLog {
+    /// Returns once the watch has listed the namespace, so nothing deleted after it is missed.
+    async fn watch(t: &TestNs) -> DeletionLog {
+        use futures::StreamExt;
+        use kube::runtime::watcher;
+        let deleted = std::sync::Arc::<
+            std::sync::Mutex<std::collections::BTreeMap<String, (String, u64)>>,
+        >::default();
+        let (listed, on_listed) = tokio::sync::oneshot::channel();
+        let record = deleted.clone();
+        let mut stream = watcher(t.pods(), watcher::Config::default()).boxed();
+        let task = tokio::spawn(async move {
+            let mut listed = Some(listed);
+            while let Some(event) = stream.next().await {
+                let (pod, gone) = match event {
+                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => (p, false),
+                    Ok(watcher::Event::Delete(p)) => (p, true),
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(l) = listed.take() {
+                            let _ = l.send(());
+                        }
+                        continue;
+                    }
+                    // The watcher re-lists after an error; what it missed meanwhile is caught
+                    // by the check that every instance gone was seen deleted.
+                    Ok(watcher::Event::Init) | Err(_) => continue,
+                };
+                // deletionTimestamp is the deadline (the request + the grace period), in
+                // seconds; a pod removed at once may carry none: then the event's own time.
+                let requested = match pod.metadata.deletion_timestamp.as_ref() {
+                    Some(at) => {
+                        let grace_ms = pod
+                            .metadata
+                            .deletion_grace_period_seconds
+                            .unwrap_or(0)
+                            .max(0)
+                            * 1000;
+                        (at.0.as_millisecond() - grace_ms).max(0) as u64
+                    }
+                    None if gone => unix_ms_now(),
+                    None => continue,
+                };
+                record
+                    .lock()
+                    .expect("deletion log")
+                    .entry(pod.uid().unwrap_or_default())
+                    .or_insert((pod.name_any(), requested));
+            }
+        });
+        on_listed.await.expect("the pod watch lists the namespace");
+        DeletionLog { deleted, task }
+    }
+
+    fn snapshot(&self) -> std::collections::BTreeMap<String, (String, u64)> {
+        self.deleted.lock().expect("deletion log").clone()
+    }
+}
+
+impl Drop for DeletionLog {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 async fn target(t: &TestNs, pod: &str) -> Target {
     Target::new(pod, format!("{}:6001", pod_ip(t, pod).await))
 }
@@ -720,24 +791,15 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
     t.create("mo", spec).await.expect("create");
     t.wait_ready("mo", READY_LIMIT).await;
     let mut uids = std::collections::BTreeMap::<String, BTreeSet<String>>::new();
-    // Each pod instance's deletion request, from the API server (uid → (pod, Unix ms, second
-    // precision)): what a lost transaction is checked against.
-    let mut deleted = std::collections::BTreeMap::<String, (String, u64)>::new();
-    let seen = |pods: &[Pod],
-                uids: &mut std::collections::BTreeMap<String, BTreeSet<String>>,
-                deleted: &mut std::collections::BTreeMap<String, (String, u64)>| {
+    // Each pod instance's deletion request, from a watch on the API server (a 500 ms poll
+    // missed a proxy that stopped in under a second): what a lost transaction is checked
+    // against.
+    let deletions = DeletionLog::watch(&t).await;
+    let seen = |pods: &[Pod], uids: &mut std::collections::BTreeMap<String, BTreeSet<String>>| {
         for p in pods {
             uids.entry(p.name_any())
                 .or_default()
                 .insert(p.uid().unwrap_or_default());
-            // deletionTimestamp is the deadline (the request + the grace period), in seconds.
-            if let Some(at) = p.metadata.deletion_timestamp.as_ref() {
-                let grace_ms = p.metadata.deletion_grace_period_seconds.unwrap_or(0).max(0) * 1000;
-                let requested = (at.0.as_millisecond() - grace_ms).max(0) as u64;
-                deleted
-                    .entry(p.uid().unwrap_or_default())
-                    .or_insert((p.name_any(), requested));
-            }
         }
     };
     seen(
@@ -747,7 +809,6 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
             .expect("pods")
             .items,
         &mut uids,
-        &mut deleted,
     );
     let proxies = [
         target(&t, "mo-proxy-0").await,
@@ -809,7 +870,6 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
                 .expect("pods")
                 .items,
             &mut uids,
-            &mut deleted,
         );
         // `upgrade <component>: …` or `complete`.
         let phase = step
@@ -839,6 +899,23 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
     let makespan = started.elapsed();
     tokio::time::sleep(Duration::from_secs(5)).await;
     let end = workload.stop().await;
+    let deleted = deletions.snapshot();
+    let now = t
+        .pods()
+        .list(&Default::default())
+        .await
+        .expect("pods")
+        .items;
+    seen(&now, &mut uids);
+    for (pod, instances) in &uids {
+        for uid in instances {
+            let gone = now.iter().all(|p| p.uid().as_deref() != Some(uid.as_str()));
+            assert!(
+                !gone || deleted.contains_key(uid),
+                "the watch saw the deletion of every instance that went ({pod} {uid}): {deleted:?}"
+            );
+        }
+    }
     assert!(killed, "the operator was killed in the CN phase");
     let names: Vec<&str> = phases.iter().map(|(p, _, _)| p.as_str()).collect();
     assert_eq!(names, ["log", "tn", "cn", "proxy", "complete"]);
@@ -938,7 +1015,7 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
         .await
         .expect("pods")
         .items;
-    seen(&pods, &mut uids, &mut deleted);
+    seen(&pods, &mut uids);
     for p in &pods {
         let image = p.spec.as_ref().and_then(|s| s.containers[0].image.clone());
         assert!(

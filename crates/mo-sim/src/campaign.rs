@@ -277,6 +277,20 @@ pub fn generate(seed: u64) -> Scenario {
             at + rng.random_range(1..=40u32)
         );
     }
+    if tenant >= 3 && rng.random_bool(0.2) {
+        // A scale-in reverted, before or after the hand-over of the removed CN was requested.
+        let at = rng.random_range(30..=1500u32);
+        let _ = writeln!(
+            y,
+            "  - {{at: {at}s, scale_in: {{group: tenant, replicas: {}}}}}",
+            tenant - 1
+        );
+        let _ = writeln!(
+            y,
+            "  - {{at: {}s, scale_out: {{group: tenant, replicas: {tenant}}}}}",
+            at + rng.random_range(1..=60u32)
+        );
+    }
     // Statements that run for seconds while CNs hand over, scale in or proxies restart.
     let latency = if rng.random_bool(0.2) {
         format!(
@@ -340,6 +354,19 @@ pub fn classes(scenario: &Scenario) -> Vec<&'static str> {
             })
         }),
         "pool reclaim withdrawn (claimed again)",
+    );
+    add(
+        ev.iter().any(|e| {
+            e.scale_out.as_ref().is_some_and(|o| {
+                ev.iter().any(|r| {
+                    r.at <= e.at
+                        && r.scale_in
+                            .as_ref()
+                            .is_some_and(|i| i.group == o.group && i.replicas < o.replicas)
+                })
+            })
+        }),
+        "scale-in reverted",
     );
     add(
         scenario.workload.statement_latency.millis().0 >= 1_000,

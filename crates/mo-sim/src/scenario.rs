@@ -253,6 +253,10 @@ pub struct EventSpec {
     pub drain_node: Option<NodeRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scale_in: Option<ScaleIn>,
+    /// The group's replicas raised again (a scale-in reverted): pending scale-in removals of
+    /// the ordinals below `replicas` are withdrawn; pods already gone stay gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_out: Option<ScaleIn>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_release: Option<PodRef>,
     /// A claim binds a pooled CN again (withdraws a pending pool reclaim of it).
@@ -349,6 +353,10 @@ pub enum EventKind {
         group: String,
         replicas: usize,
     },
+    ScaleOut {
+        group: String,
+        replicas: usize,
+    },
     ClaimRelease {
         pod: String,
     },
@@ -400,6 +408,12 @@ impl EventSpec {
                 replicas: s.replicas,
             });
         }
+        if let Some(s) = &self.scale_out {
+            kinds.push(EventKind::ScaleOut {
+                group: s.group.clone(),
+                replicas: s.replicas,
+            });
+        }
         if let Some(p) = &self.claim_release {
             kinds.push(EventKind::ClaimRelease { pod: p.pod.clone() });
         }
@@ -442,7 +456,7 @@ impl EventSpec {
             return Err(field_err(
                 format!("events[{index}]"),
                 format!(
-                    "give exactly one of evict, drain_node, scale_in, claim_release, claim_bind, upgrade, \
+                    "give exactly one of evict, drain_node, scale_in, scale_out, claim_release, claim_bind, upgrade, \
                      node_failure, cn_crash, delete_pod, fault, hakeeper_outage, \
                      operator_restart (found {})",
                     kinds.len()
@@ -693,6 +707,23 @@ impl Scenario {
                         return Err(field_err(
                             format!("events[{i}].scale_in.replicas"),
                             format!("{replicas} is not fewer than the group's {}", g.replicas),
+                        ));
+                    }
+                }
+                EventKind::ScaleOut { group, replicas } => {
+                    let Some(g) = t.cn_groups.iter().find(|g| &g.name == group) else {
+                        return Err(field_err(
+                            format!("events[{i}].scale_out.group"),
+                            format!("no CN group named `{group}`"),
+                        ));
+                    };
+                    if *replicas > g.replicas {
+                        return Err(field_err(
+                            format!("events[{i}].scale_out.replicas"),
+                            format!(
+                                "{replicas} is more than the group's {} (a scale-out reverts a scale-in; it adds no pods)",
+                                g.replicas
+                            ),
                         ));
                     }
                 }

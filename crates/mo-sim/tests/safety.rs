@@ -192,6 +192,105 @@ fn a_withdrawn_pool_reclaim_returns_the_cn_to_working() {
     assert!(last.contains("Working"), "{last}");
 }
 
+/// A tenant group of three whose highest ordinal owns a lock table, scaled in at 30 s and
+/// back out at `revert_at`.
+fn reverted_scale_in(revert_at: &str) -> String {
+    format!(
+        "
+name: reverted-scale-in
+duration: 10m
+topology:
+  version: v1
+  cn_groups:
+    - {{name: tenant, replicas: 3}}
+lock_tables: [{{table: documents, owner: tenant-2}}]
+workload: {{clients: 6, txn_rate: 8, tables: [documents, orders]}}
+events:
+  - {{at: 30s, scale_in: {{group: tenant, replicas: 2}}}}
+  - {{at: {revert_at}, scale_out: {{group: tenant, replicas: 3}}}}
+"
+    )
+}
+
+#[test]
+fn a_scale_in_reverted_before_the_hand_over_returns_the_cn_to_working() {
+    let (r, log) = run(scenario(&reverted_scale_in("31s"), "safe"));
+    assert_clean(&r);
+    let reverted = log
+        .iter()
+        .position(|l| l.contains("group tenant scaled back to 3"))
+        .unwrap();
+    assert!(
+        log[reverted].contains("(1 pending removals withdrawn)"),
+        "{}",
+        log[reverted]
+    );
+    assert!(
+        !log.iter()
+            .any(|l| l.contains("restart handshake requested"))
+    );
+    assert!(!log.iter().any(|l| l.contains("tenant-2 gone")));
+    assert!(
+        log[reverted..]
+            .iter()
+            .any(|l| l.contains("SetCnWorkState") && l.contains("Working")),
+        "the CN is returned to Working"
+    );
+}
+
+#[test]
+fn a_scale_in_reverted_after_the_hand_over_restarts_the_cn_instead() {
+    // The hand-over is requested at 36 s and the drain released at 39 s (asserted below).
+    let (r, log) = run(scenario(&reverted_scale_in("38s"), "safe"));
+    assert_clean(&r);
+    let asked = log
+        .iter()
+        .position(|l| l.contains("restart handshake requested for tenant-2"))
+        .unwrap();
+    let reverted = log
+        .iter()
+        .position(|l| l.contains("group tenant scaled back to 3"))
+        .unwrap();
+    assert!(
+        asked < reverted,
+        "the hand-over was requested before the revert"
+    );
+    assert!(
+        log[reverted].contains("(1 pending removals withdrawn)"),
+        "{}",
+        log[reverted]
+    );
+    // Marked, it refuses new writes for good: it finishes the drain and is restarted; only
+    // its new instance is returned to Working.
+    let restarted = log[reverted..]
+        .iter()
+        .position(|l| l.contains("RestartPod { pod: \"tenant-2\""))
+        .expect("restarted, not removed nor handed back")
+        + reverted;
+    let gone = log[restarted..]
+        .iter()
+        .position(|l| l.contains("tenant-2 gone"))
+        .unwrap()
+        + restarted;
+    assert!(
+        !log[asked..gone]
+            .iter()
+            .any(|l| l.contains("SetCnWorkState") && l.contains("Working")),
+        "the marked instance is never returned to Working"
+    );
+    assert!(
+        !log.iter()
+            .any(|l| l.contains("DeletePod { pod: \"tenant-2\"")),
+        "a reverted scale-in does not remove the pod"
+    );
+    assert!(
+        log[gone..]
+            .iter()
+            .any(|l| l.contains("SetCnWorkState") && l.contains("Working")),
+        "the new instance works"
+    );
+}
+
 #[test]
 fn operator_restarts_mid_drain_and_mid_upgrade_resume_without_skipping_a_step() {
     let mut s = without_fault(scenario(INCIDENT_002, "safe"));

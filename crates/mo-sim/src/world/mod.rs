@@ -1060,6 +1060,29 @@ impl Simulation {
                     self.add_removal(p, mo_core::RemovalReason::ScaleIn);
                 }
             }
+            EventKind::ScaleOut { group, replicas } => {
+                let Some(gi) = self.groups.iter().position(|g| g.name == group) else {
+                    return;
+                };
+                // The StatefulSet wants ordinals 0..replicas again: their pending scale-in
+                // removals are withdrawn (the core decides what a withdrawn drain becomes).
+                let kept: Vec<String> = self
+                    .live_pods()
+                    .filter(|&p| self.pods[p].cn_group == Some(gi))
+                    .map(|p| self.pods[p].name.clone())
+                    .filter(|n| (ordinal_key(n).1 as usize) < replicas)
+                    .collect();
+                let before = self.removals.len();
+                self.removals.retain(|r| {
+                    !(matches!(r.reason, mo_core::RemovalReason::ScaleIn) && kept.contains(&r.pod))
+                });
+                let withdrawn = before - self.removals.len();
+                self.log("spec", || {
+                    format!(
+                        "group {group} scaled back to {replicas} ({withdrawn} pending removals withdrawn)"
+                    )
+                });
+            }
             EventKind::ClaimRelease { pod } => {
                 if let Some(&p) = self.pod_by_name.get(&pod) {
                     // Draining until its sessions have moved, then Idle (kept for reuse).
