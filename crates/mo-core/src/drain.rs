@@ -7,7 +7,7 @@
 
 use crate::action::{Action, ActionError, ActionOutput, ActionResult};
 use crate::component::Component;
-use crate::gates::{Gate, HEARTBEAT_FRESH, cn_record};
+use crate::gates::{Gate, cn_record};
 use crate::observe::{CnActivity, DrainAnswer, Observation, OldestTxn, PodPhase, WorkState};
 use crate::time::Millis;
 use serde::{Deserialize, Serialize};
@@ -380,7 +380,7 @@ impl Drain {
             ));
             return;
         };
-        if record.heartbeat_age > HEARTBEAT_FRESH {
+        if record.heartbeat_age > obs.heartbeat_intervals.cn_fresh() {
             self.hold(format!(
                 "HAKeeper's reading of {} is stale (last heartbeat {} ago)",
                 self.pod, record.heartbeat_age
@@ -743,7 +743,7 @@ impl Drain {
             .as_ref()
             .ok()
             .and_then(|d| cn_record(d, &self.cn_uuid))
-            .filter(|r| r.heartbeat_age <= HEARTBEAT_FRESH)
+            .filter(|r| r.heartbeat_age <= obs.heartbeat_intervals.cn_fresh())
             .filter(|r| {
                 new_pod.is_some_and(|p| {
                     crate::gates::heard_since_start(obs, p, r.heartbeat_age).is_ok()
@@ -789,7 +789,7 @@ impl Drain {
         if Some(record.start_epoch) != self.start_epoch {
             return Err("instance mismatch".into());
         }
-        if record.heartbeat_age > HEARTBEAT_FRESH {
+        if record.heartbeat_age > obs.heartbeat_intervals.cn_fresh() {
             return Err("stale HAKeeper reading".into());
         }
         crate::gates::heard_since_start(obs, pod, record.heartbeat_age)?;
@@ -942,6 +942,7 @@ mod tests {
             unschedulable_nodes: vec![],
             not_ready_nodes: vec![],
             tn_wal_tolerance: None,
+            heartbeat_intervals: HeartbeatIntervals::default(),
             desired: DesiredState::default(),
         }
     }

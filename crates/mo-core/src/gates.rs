@@ -9,9 +9,6 @@ use crate::time::Millis;
 
 pub type Gate = Result<(), String>;
 
-/// A heartbeat older than this is a stale reading.
-pub const HEARTBEAT_FRESH: Millis = Millis(3_000);
-
 pub fn majority(replicas: usize) -> usize {
     replicas / 2 + 1
 }
@@ -165,7 +162,7 @@ pub fn tn_healthy(obs: &Observation, version: &str) -> Gate {
     pod_on_version(pod, version)?;
     let d = details(obs)?;
     let tn = d.tns.first().ok_or("TN not registered with HAKeeper")?;
-    if tn.heartbeat_age > HEARTBEAT_FRESH {
+    if tn.heartbeat_age > obs.heartbeat_intervals.tn_fresh() {
         return Err(format!("TN heartbeat is {} old", tn.heartbeat_age));
     }
     heard_since_start(obs, pod, tn.heartbeat_age)?;
@@ -185,7 +182,7 @@ pub fn cn_healthy(obs: &Observation, pod: &str, version: &str) -> Gate {
     let d = details(obs)?;
     let record = cn_record(d, uuid)
         .ok_or_else(|| format!("{pod} ({uuid}) is not registered with HAKeeper"))?;
-    if record.heartbeat_age > HEARTBEAT_FRESH {
+    if record.heartbeat_age > obs.heartbeat_intervals.cn_fresh() {
         return Err(format!(
             "{pod}: last heartbeat {} ago",
             record.heartbeat_age
@@ -293,7 +290,8 @@ pub fn other_working_cn_excluding(obs: &Observation, except: &str, draining: &[S
                 .as_deref()
                 .and_then(|u| cn_record(d, u))
                 .is_some_and(|r| {
-                    r.work_state == WorkState::Working && r.heartbeat_age <= HEARTBEAT_FRESH
+                    r.work_state == WorkState::Working
+                        && r.heartbeat_age <= obs.heartbeat_intervals.cn_fresh()
                 })
     });
     if found {

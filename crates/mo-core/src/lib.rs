@@ -19,9 +19,9 @@ pub use action::{Action, ActionError, ActionOutput, ActionResult, Decision, Poli
 pub use component::Component;
 pub use observe::{
     AllocatorView, ClusterDetails, CnActivity, CnStoreView, DesiredState, DrainAnswer,
-    EvictionRequest, KernelView, LogReplicaView, LogShardView, Observation, ObservationError,
-    OldestTxn, PodObservation, PodPhase, PoolPhase, RemovalReason, RemovalRequest, RestartAnswer,
-    TnStoreView, UpgradeSpec, WorkState,
+    EvictionRequest, HeartbeatIntervals, KernelView, LogReplicaView, LogShardView, Observation,
+    ObservationError, OldestTxn, PodObservation, PodPhase, PoolPhase, RemovalReason,
+    RemovalRequest, RestartAnswer, TnStoreView, UpgradeSpec, WorkState,
 };
 pub use policy::{EvictionVerdict, Policy, PolicyInput};
 pub use rollout::OnStall;

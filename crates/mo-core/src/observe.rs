@@ -265,8 +265,62 @@ pub struct Observation {
     /// Nodes that are not Ready (failed or unreachable).
     pub not_ready_nodes: Vec<String>,
     /// The TN's WAL tolerance override as configured now (`None`: the kernel default).
-    pub tn_wal_tolerance: Option<crate::time::Millis>,
+    pub tn_wal_tolerance: Option<Millis>,
+    /// How often the services are configured to heartbeat to HAKeeper: what a fresh reading
+    /// of their records means follows it.
+    #[serde(default)]
+    pub heartbeat_intervals: HeartbeatIntervals,
     pub desired: DesiredState,
+}
+
+/// The kernel's configured heartbeat intervals per role; the defaults are v1.2.4's: LOG
+/// stores, the TN and CNs 1 s, proxies 3 s (`pkg/proxy/config.go`
+/// `defaultHeartbeatInterval`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatIntervals {
+    pub log: Millis,
+    pub tn: Millis,
+    pub cn: Millis,
+    pub proxy: Millis,
+}
+
+impl Default for HeartbeatIntervals {
+    fn default() -> Self {
+        HeartbeatIntervals {
+            log: Millis::from_secs(1),
+            tn: Millis::from_secs(1),
+            cn: Millis::from_secs(1),
+            proxy: Millis::from_secs(3),
+        }
+    }
+}
+
+impl HeartbeatIntervals {
+    /// A LOG store's record older than this is a stale reading.
+    pub fn log_fresh(&self) -> Millis {
+        fresh_within(self.log)
+    }
+
+    /// A proxy's record older than this is a stale reading.
+    pub fn proxy_fresh(&self) -> Millis {
+        fresh_within(self.proxy)
+    }
+
+    /// A CN record older than this is a stale reading.
+    pub fn cn_fresh(&self) -> Millis {
+        fresh_within(self.cn)
+    }
+
+    /// A TN record older than this is a stale reading.
+    pub fn tn_fresh(&self) -> Millis {
+        fresh_within(self.tn)
+    }
+}
+
+/// Three intervals: two lost heartbeats are a hiccup, a third is not fresh. A constant limit
+/// would flap on a kernel configured to beat less often than it.
+fn fresh_within(interval: Millis) -> Millis {
+    Millis(interval.0.saturating_mul(3))
 }
 
 impl Observation {

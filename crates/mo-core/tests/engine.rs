@@ -108,6 +108,7 @@ fn cluster(version: &str) -> Observation {
         unschedulable_nodes: vec![],
         not_ready_nodes: vec![],
         tn_wal_tolerance: None,
+        heartbeat_intervals: HeartbeatIntervals::default(),
         desired: DesiredState::default(),
     }
 }

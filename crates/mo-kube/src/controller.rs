@@ -8,6 +8,7 @@
 
 use crate::crd::{FIELD_MANAGER, FINALIZER, MatrixOneCluster, MatrixOneClusterStatus};
 use crate::kernel::KernelClients;
+use crate::kernel_config;
 use crate::metrics::{ActionLabels, ClusterLabels, DrainLabels, Metrics};
 use crate::observation::{self, cluster_pods, component_of};
 use crate::resources::{self, LABEL_CLUSTER, LABEL_PREPULL};
@@ -334,7 +335,15 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
     ensure_children(&cluster, &templates, config_map, &pods, &mut state, &ctx).await?;
 
     let nodes: Vec<Node> = ctx.nodes.state().iter().map(|n| (**n).clone()).collect();
-    let kernel = ctx.kernel.kernel_view(&ns, &name, &pods).await;
+    let kernel = ctx
+        .kernel
+        .kernel_view(
+            &ns,
+            &name,
+            &pods,
+            &kernel_config::heartbeat_intervals(&cluster),
+        )
+        .await;
     if kernel.hakeeper.is_err() {
         ctx.metrics
             .kernel_unreachable

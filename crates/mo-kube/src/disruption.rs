@@ -8,6 +8,7 @@
 
 use crate::controller::{Context, now_millis, patch_progress, pods_of_cluster};
 use crate::crd::MatrixOneCluster;
+use crate::kernel_config;
 use crate::observation::{self, component_of};
 use crate::resources::LABEL_CLUSTER;
 use k8s_openapi::api::core::v1::Pod;
@@ -274,7 +275,12 @@ async fn review_inner(
     let nodes: Vec<_> = ctx.nodes.state().iter().map(|n| (**n).clone()).collect();
     let kernel = ctx
         .kernel
-        .kernel_view(namespace, &cluster_name, &pods)
+        .kernel_view(
+            namespace,
+            &cluster_name,
+            &pods,
+            &kernel_config::heartbeat_intervals(&cluster),
+        )
         .await;
     let obs = observation::build(now_millis(), &cluster, &pods, &nodes, kernel, strategy);
 

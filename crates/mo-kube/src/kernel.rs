@@ -16,8 +16,8 @@ use k8s_openapi::api::core::v1::Pod;
 use mo_core::component::{cn_uuid, store_uuid};
 use mo_core::{
     Action, ActionError, ActionOutput, AllocatorView, ClusterDetails, CnActivity, CnStoreView,
-    Component, DrainAnswer, KernelView, LogReplicaView, LogShardView, Millis, ObservationError,
-    OldestTxn, RestartAnswer, TnStoreView, WorkState,
+    Component, DrainAnswer, HeartbeatIntervals, KernelView, LogReplicaView, LogShardView, Millis,
+    ObservationError, OldestTxn, RestartAnswer, TnStoreView, WorkState,
 };
 use mo_rpc::pb::{lock, logservice, metadata};
 use mo_rpc::{
@@ -163,7 +163,11 @@ fn epoch_of_uid(uid: &str) -> u64 {
 
 /// HAKeeper's checker state as the core's [`ClusterDetails`]: heartbeat ages from ticks,
 /// stores mapped to the pods they run in. Pure, so the mapping is tested without a kernel.
-pub fn cluster_details(state: &logservice::CheckerState, pods: &[&Pod]) -> ClusterDetails {
+pub fn cluster_details(
+    state: &logservice::CheckerState,
+    pods: &[&Pod],
+    intervals: &HeartbeatIntervals,
+) -> ClusterDetails {
     let age = |tick: u64| Millis(state.tick.saturating_sub(tick) * HAKEEPER_TICK.0);
     let empty = logservice::CnState::default();
     let cns = state
@@ -234,8 +238,7 @@ pub fn cluster_details(state: &logservice::CheckerState, pods: &[&Pod]) -> Clust
                 .iter()
                 .map(|(replica_id, store_uuid)| {
                     let store = log_state.stores.get(store_uuid);
-                    let fresh =
-                        store.is_some_and(|s| age(s.tick) <= mo_core::gates::HEARTBEAT_FRESH);
+                    let fresh = store.is_some_and(|s| age(s.tick) <= intervals.log_fresh());
                     // The store's own report of this replica: it runs it, and it follows the
                     // shard's current leader in the current term (the nearest HAKeeper has
                     // to "caught up").
@@ -286,13 +289,12 @@ pub fn proxy_routes(
     state: &logservice::CheckerState,
     details: &ClusterDetails,
     pods: &[&Pod],
+    intervals: &HeartbeatIntervals,
 ) -> BTreeMap<String, Result<u32, ObservationError>> {
     let routable = details
         .cns
         .iter()
-        .filter(|c| {
-            c.work_state == WorkState::Working && c.heartbeat_age <= mo_core::gates::HEARTBEAT_FRESH
-        })
+        .filter(|c| c.work_state == WorkState::Working && c.heartbeat_age <= intervals.cn_fresh())
         .count() as u32;
     let proxies = state.proxy_state.clone().unwrap_or_default().stores;
     pods.iter()
@@ -308,7 +310,7 @@ pub fn proxy_routes(
             let answer = match store {
                 Some((_, s))
                     if Millis(state.tick.saturating_sub(s.tick) * HAKEEPER_TICK.0)
-                        <= mo_core::gates::HEARTBEAT_FRESH =>
+                        <= intervals.proxy_fresh() =>
                 {
                     Ok(routable)
                 }
@@ -483,7 +485,14 @@ impl KernelClients {
 
     /// The kernel's state as far as it answers. `pods` are the cluster's pods (their IPs are
     /// where LOG stores are reached).
-    pub async fn kernel_view(&self, namespace: &str, cluster: &str, pods: &[Pod]) -> KernelView {
+    /// `intervals`: how often each role is configured to heartbeat (what "fresh" means).
+    pub async fn kernel_view(
+        &self,
+        namespace: &str,
+        cluster: &str,
+        pods: &[Pod],
+        intervals: &HeartbeatIntervals,
+    ) -> KernelView {
         let pods: Vec<&Pod> = cluster_pods(cluster, pods).collect();
         let hakeeper = match self.hakeeper(namespace, cluster, &pods) {
             Ok(h) => h,
@@ -493,8 +502,8 @@ impl KernelClients {
             Ok(s) => s,
             Err(e) => return KernelView::unreachable(observation_error(&e)),
         };
-        let details = cluster_details(&state, &pods);
-        let proxy_routes = proxy_routes(&state, &details, &pods);
+        let details = cluster_details(&state, &pods, intervals);
+        let proxy_routes = proxy_routes(&state, &details, &pods, intervals);
 
         // The allocator runs on the (first heartbeating) TN.
         let tn_address = state
@@ -918,7 +927,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let d = cluster_details(&state, &refs);
+        let d = cluster_details(&state, &refs, &HeartbeatIntervals::default());
         assert_eq!(d.cns[0].heartbeat_age, Millis(1_000));
         assert_eq!(d.cns[0].start_epoch, 77);
         assert_eq!(d.cns[0].work_state, WorkState::Draining);
@@ -932,7 +941,7 @@ mod tests {
         assert_eq!(shard.replicas[1].store, "mo-log-1");
         assert!(shard.replicas[1].up && !shard.replicas[1].caught_up);
         // The proxy's last heartbeat is 10 s old: it cannot be counted on to route.
-        let routes = proxy_routes(&state, &d, &refs);
+        let routes = proxy_routes(&state, &d, &refs, &HeartbeatIntervals::default());
         assert!(routes["mo-proxy-0"].is_err());
     }
 
@@ -959,7 +968,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let d = cluster_details(&state, &refs);
+        let d = cluster_details(&state, &refs, &HeartbeatIntervals::default());
         assert!(!d.log_shards[0].replicas[0].up);
         assert!(!d.log_shards[0].replicas[0].caught_up);
         // Replica 2's store never reported: down, and named by its UUID.

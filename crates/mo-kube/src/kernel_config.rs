@@ -354,6 +354,97 @@ fn merge(base: &mut Table, overrides: Table) {
     }
 }
 
+/// How often each role heartbeats to HAKeeper as rendered (overrides included), so that
+/// what counts as a fresh reading follows the kernel's configuration. The kernel's keys and
+/// defaults (v1.2.4): `[logservice] logservice-heartbeat-interval` 1 s
+/// (`pkg/logservice/config.go`), `[tn.hakeeper]` and `[cn.hakeeper]`
+/// `hakeeper-heartbeat-interval` 1 s (`pkg/tnservice/cfg.go`, `pkg/cnservice/types.go`),
+/// `[proxy.hakeeper] hakeeper-heartbeat-interval` 3 s (`pkg/proxy/config.go`). Of several CN
+/// groups the slowest counts; a file that does not render keeps the kernel's default.
+pub fn heartbeat_intervals(cluster: &MatrixOneCluster) -> mo_core::HeartbeatIntervals {
+    let defaults = mo_core::HeartbeatIntervals::default();
+    let configured = |component: Component, group: Option<&str>, path: &[&str]| {
+        let text = render(cluster, component, group, None).ok()?;
+        let root: Table = text.parse().ok()?;
+        let (last, tables) = path.split_last()?;
+        let mut table = &root;
+        for key in tables {
+            table = table.get(*key)?.as_table()?;
+        }
+        go_duration(table.get(*last)?.as_str()?)
+    };
+    let cn = cluster
+        .spec
+        .cn
+        .groups
+        .iter()
+        .map(|g| {
+            configured(
+                Component::Cn,
+                Some(&g.name),
+                &["cn", "hakeeper", "hakeeper-heartbeat-interval"],
+            )
+            .unwrap_or(defaults.cn)
+        })
+        .max()
+        .unwrap_or(defaults.cn);
+    mo_core::HeartbeatIntervals {
+        log: configured(
+            Component::Log,
+            None,
+            &["logservice", "logservice-heartbeat-interval"],
+        )
+        .unwrap_or(defaults.log),
+        tn: configured(
+            Component::Tn,
+            None,
+            &["tn", "hakeeper", "hakeeper-heartbeat-interval"],
+        )
+        .unwrap_or(defaults.tn),
+        cn,
+        proxy: configured(
+            Component::Proxy,
+            None,
+            &["proxy", "hakeeper", "hakeeper-heartbeat-interval"],
+        )
+        .unwrap_or(defaults.proxy),
+    }
+}
+
+/// A Go `time.Duration` string (`1s`, `500ms`, `1m30s`, `1.5s`) as the kernel's
+/// `toml.Duration` reads it; `None` for anything else, or for zero (the kernel then takes its
+/// default).
+fn go_duration(text: &str) -> Option<mo_core::Millis> {
+    let mut rest = text.trim();
+    let mut nanos = 0f64;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let number_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..number_end].parse().ok()?;
+        rest = &rest[number_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_end] {
+            "ns" => 1.0,
+            "us" | "µs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" => 60e9,
+            "h" => 3600e9,
+            _ => return None,
+        };
+        nanos += number * scale;
+        rest = &rest[unit_end..];
+    }
+    let millis = (nanos / 1e6).round() as u64;
+    (millis > 0).then_some(mo_core::Millis(millis))
+}
+
 /// The ConfigMap key of a role's file (`cn-<group>.toml` for a CN group).
 pub fn config_key(component: Component, group: Option<&str>) -> String {
     match (component, group) {
@@ -490,6 +581,38 @@ mod tests {
         assert_eq!(shared["s3"]["bucket"].as_str(), Some("mo-data"));
         assert_eq!(shared["s3"]["key-prefix"].as_str(), Some("db/mo/shared"));
         assert_eq!(shared["s3"]["region"].as_str(), Some("eu-west-1"));
+    }
+
+    #[test]
+    fn freshness_follows_the_heartbeat_intervals_the_kernel_is_configured_with() {
+        let defaults = heartbeat_intervals(&cluster(serde_json::json!({})));
+        assert_eq!(defaults, mo_core::HeartbeatIntervals::default());
+        assert_eq!(
+            defaults.proxy,
+            mo_core::Millis::from_secs(3),
+            "v1.2.4's proxy default"
+        );
+        let c = cluster(serde_json::json!({
+            "cn": {"groups": [
+                {"name": "tp", "replicas": 1,
+                 "config": "[cn.hakeeper]\nhakeeper-heartbeat-interval = \"2s\"\n"},
+                {"name": "ap", "replicas": 1,
+                 "config": "[cn.hakeeper]\nhakeeper-heartbeat-interval = \"2.5s\"\n"}]},
+            "tn": {"config": "[tn.hakeeper]\nhakeeper-heartbeat-interval = \"1m30s\"\n"},
+            "proxy": {"replicas": 1,
+                      "config": "[proxy.hakeeper]\nhakeeper-heartbeat-interval = \"500ms\"\n"},
+            "log": {"replicas": 3,
+                    "config": "[logservice]\nlogservice-heartbeat-interval = \"0s\"\n"},
+        }));
+        let i = heartbeat_intervals(&c);
+        assert_eq!(i.cn, mo_core::Millis(2_500), "the slowest CN group counts");
+        assert_eq!(i.tn, mo_core::Millis(90_000));
+        assert_eq!(i.proxy, mo_core::Millis(500));
+        assert_eq!(i.log, defaults.log, "zero: the kernel takes its default");
+        assert_eq!(i.cn_fresh(), mo_core::Millis(7_500));
+        assert_eq!(go_duration("1h2m3.5s"), Some(mo_core::Millis(3_723_500)));
+        assert_eq!(go_duration("3 s"), None);
+        assert_eq!(go_duration("3"), None);
     }
 
     #[test]

@@ -214,6 +214,7 @@ pub fn build(
             .map(node_name)
             .collect(),
         tn_wal_tolerance: kernel.tn_wal_tolerance,
+        heartbeat_intervals: crate::kernel_config::heartbeat_intervals(cluster),
         desired: DesiredState {
             upgrade: Some(UpgradeSpec {
                 target_version: cluster.spec.version.clone(),

@@ -131,7 +131,7 @@ pub fn generate(seed: u64) -> Scenario {
     let _ = writeln!(
         y,
         "timings: {{image_pull: {}s, container_start: {}s, log_rejoin: {}s, log_catch_up: {}s, \
-         log_election: {}s, cn_start: {}s, tn_start: {}s}}",
+         log_election: {}s, cn_start: {}s, tn_start: {}sCN_HEARTBEAT}}",
         rng.random_range(0..=90u32),
         rng.random_range(2..=10u32),
         rng.random_range(5..=60u32),
@@ -301,6 +301,13 @@ pub fn generate(seed: u64) -> Scenario {
         String::new()
     };
     let y = y.replace("STATEMENT_LATENCY", &latency);
+    // CNs configured to heartbeat less often: readings near a fixed freshness limit flap.
+    let cn_heartbeat = if rng.random_bool(0.2) {
+        format!(", cn_heartbeat: {}s", rng.random_range(2..=4u32))
+    } else {
+        String::new()
+    };
+    let y = y.replace("CN_HEARTBEAT", &cn_heartbeat);
     Scenario::from_yaml(&y)
         .unwrap_or_else(|e| panic!("generated scenario {seed} is invalid: {e}\n{y}"))
 }
@@ -367,6 +374,10 @@ pub fn classes(scenario: &Scenario) -> Vec<&'static str> {
             })
         }),
         "scale-in reverted",
+    );
+    add(
+        scenario.timings.cn_heartbeat.millis().0 >= 2_000,
+        "CN heartbeat interval of 2 s or more",
     );
     add(
         scenario.workload.statement_latency.millis().0 >= 1_000,

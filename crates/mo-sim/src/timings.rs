@@ -37,6 +37,9 @@ pub struct Timings {
     pub cn_expiry: Dur,
     pub tn_expiry: Dur,
     pub heartbeat: Dur,
+    /// How often a CN heartbeats (`[cn.hakeeper] hakeeper-heartbeat-interval`, default 1 s),
+    /// rounded to the HAKeeper tick (`heartbeat`).
+    pub cn_heartbeat: Dur,
 
     // --- TN (reference: "WAL append with no log leader") ---
     pub wal_try_timeout: Dur,
@@ -97,6 +100,7 @@ impl Default for Timings {
             cn_expiry: Dur::secs(30),
             tn_expiry: Dur::secs(10),
             heartbeat: Dur::secs(1),
+            cn_heartbeat: Dur::secs(1),
             wal_try_timeout: Dur::mins(1),
             wal_total_timeout: Dur::mins(3),
             wal_backoff_initial: Dur::ms(100),

@@ -145,6 +145,25 @@ workload: {clients: 6, txn_rate: 8, tables: [documents, orders]}
 ";
 
 #[test]
+fn cns_that_heartbeat_every_few_seconds_are_fresh_and_the_upgrade_completes() {
+    // A freshness limit fixed at 3 s flaps the CN gates of a kernel beating every 4 s.
+    let mut s = without_fault(scenario(INCIDENT_002, "safe"));
+    s.timings.cn_heartbeat = "4s".parse().unwrap();
+    let (r, log) = run(s);
+    assert_clean(&r);
+    assert!(r.completed);
+    assert!(r.upgrade.unwrap().finished_at.is_some());
+    let stale: Vec<&String> = log
+        .iter()
+        .filter(|l| l.contains("last heartbeat"))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "a CN beating on its configured interval is never a stale reading: {stale:?}"
+    );
+}
+
+#[test]
 fn eviction_of_a_lock_owner_is_refused_until_its_instance_confirms() {
     let text = format!("{SMALL}events:\n  - at: 30s\n    drain_node: {{node: node-7}}\n");
     let (r, log) = run(scenario(&text, "safe"));

@@ -248,10 +248,18 @@ impl Simulation {
         if self.tn.phase == TnPhase::Running {
             self.hakeeper.tn_last_heartbeat = Some((self.tn.epoch, self.now));
         }
+        // A CN beats on the tick its interval is due (half a tick early counts as due).
+        let due = self.t.cn_heartbeat.millis() - Millis(self.t.heartbeat.millis().0 / 2);
         let beating: Vec<(PodId, String, u64)> = self
             .cns
             .iter()
             .filter(|(_, c)| c.phase == CnPhase::Running && c.heartbeats)
+            .filter(|(_, c)| {
+                self.hakeeper
+                    .cns
+                    .get(&c.uuid)
+                    .is_none_or(|r| r.epoch != c.epoch || self.now - r.last_heartbeat >= due)
+            })
             .map(|(&p, c)| (p, c.uuid.clone(), c.epoch))
             .collect();
         for (p, uuid, epoch) in beating {

@@ -6,8 +6,8 @@ use super::kernel::majority;
 use super::*;
 use mo_core::{
     Action, ActionError, ActionOutput, AllocatorView, ClusterDetails, CnActivity, CnStoreView,
-    DesiredState, LogReplicaView, LogShardView, Observation, ObservationError, OldestTxn,
-    PodObservation, PodPhase, PolicyNote, RestartAnswer, TnStoreView,
+    DesiredState, HeartbeatIntervals, LogReplicaView, LogShardView, Observation, ObservationError,
+    OldestTxn, PodObservation, PodPhase, PolicyNote, RestartAnswer, TnStoreView,
 };
 
 impl Simulation {
@@ -145,6 +145,7 @@ impl Simulation {
             proxy_routes,
             node_images,
             tn_wal_tolerance: self.tn_wal_tolerance,
+            heartbeat_intervals: self.heartbeat_intervals(),
             unschedulable_nodes: self
                 .nodes
                 .iter()
@@ -163,6 +164,17 @@ impl Simulation {
                 // The simulated workloads recreate a pod at once (as Pending): it is observed.
                 replicas: BTreeMap::new(),
             },
+        }
+    }
+
+    /// The intervals the modelled kernel heartbeats at (its proxies are modelled by their
+    /// routes, not their heartbeats: the kernel's default stands).
+    fn heartbeat_intervals(&self) -> HeartbeatIntervals {
+        HeartbeatIntervals {
+            log: self.t.heartbeat.millis(),
+            tn: self.t.heartbeat.millis(),
+            cn: self.t.cn_heartbeat.millis(),
+            ..HeartbeatIntervals::default()
         }
     }
 
@@ -486,7 +498,7 @@ impl Simulation {
                     let registered = self.hakeeper.cns.get(&cn.uuid).is_some_and(|r| {
                         r.epoch == cn.epoch
                             && r.work_state == WorkState::Working
-                            && self.now - r.last_heartbeat <= Millis::from_secs(3)
+                            && self.now - r.last_heartbeat <= self.heartbeat_intervals().cn_fresh()
                     });
                     if !registered {
                         return Err(format!(
