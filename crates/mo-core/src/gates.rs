@@ -218,14 +218,17 @@ pub fn proxy_healthy(obs: &Observation, pod: &str, version: &str) -> Gate {
 
 /// At least one proxy other than `except` can route new sessions.
 pub fn other_proxy_routes(obs: &Observation, except: Option<&str>) -> Gate {
-    let ok = obs
-        .proxy_routes
-        .iter()
-        .any(|(p, r)| Some(p.as_str()) != except && matches!(r, Ok(n) if *n > 0));
+    // A proxy on its way out (deleted, or evicted a moment ago) routes nothing new, however
+    // long its process still runs.
+    let ok = obs.proxy_routes.iter().any(|(p, r)| {
+        Some(p.as_str()) != except
+            && matches!(r, Ok(n) if *n > 0)
+            && obs.pod(p).is_some_and(|pod| !pod.terminating && pod.ready)
+    });
     if ok {
         Ok(())
     } else {
-        Err("no proxy can route to a Working CN".into())
+        Err("no other proxy (Ready, not terminating) can route to a Working CN".into())
     }
 }
 

@@ -47,10 +47,13 @@ pub fn summary(r: &Report) -> String {
     let _ = writeln!(
         s,
         "unsafe    {} deletes without drain confirmation, {} phase advances on a failed gate, \
-         {} LOG restarts without quorum margin",
+         {} LOG restarts without quorum margin, {} upgrades declared finished with pods behind, \
+         {} proxy stops with no other route",
         u.pod_deleted_without_drain_confirmation,
         u.phase_advanced_on_failed_gate,
-        u.log_restart_without_quorum_margin
+        u.log_restart_without_quorum_margin,
+        u.finished_with_pods_not_upgraded,
+        u.proxy_stopped_without_another_route
     );
     for line in &r.unsafe_action_log {
         let _ = writeln!(s, "          {line}");

@@ -795,8 +795,12 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
     // missed a proxy that stopped in under a second): what a lost transaction is checked
     // against.
     let deletions = DeletionLog::watch(&t).await;
+    // The MatrixOne pods' instances (the pre-pull helper pods are not restarted; they run once).
     let seen = |pods: &[Pod], uids: &mut std::collections::BTreeMap<String, BTreeSet<String>>| {
-        for p in pods {
+        for p in pods
+            .iter()
+            .filter(|p| !p.labels().contains_key(mo_kube::resources::LABEL_PREPULL))
+        {
             uids.entry(p.name_any())
                 .or_default()
                 .insert(p.uid().unwrap_or_default());

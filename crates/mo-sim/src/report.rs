@@ -16,6 +16,13 @@ pub struct UnsafeActions {
     pub pod_deleted_without_drain_confirmation: u64,
     pub phase_advanced_on_failed_gate: u64,
     pub log_restart_without_quorum_margin: u64,
+    /// The policy said the upgrade finished while a pod still ran (or was to run) another
+    /// version: judged from the pods, not from the policy's word.
+    #[serde(default)]
+    pub finished_with_pods_not_upgraded: u64,
+    /// A proxy stopped on purpose while no other proxy could route (more than one proxy).
+    #[serde(default)]
+    pub proxy_stopped_without_another_route: u64,
 }
 
 impl UnsafeActions {
@@ -23,6 +30,8 @@ impl UnsafeActions {
         self.pod_deleted_without_drain_confirmation
             + self.phase_advanced_on_failed_gate
             + self.log_restart_without_quorum_margin
+            + self.finished_with_pods_not_upgraded
+            + self.proxy_stopped_without_another_route
     }
 }
 

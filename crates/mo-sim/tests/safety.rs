@@ -3,7 +3,7 @@
 
 use mo_core::{
     Component, Decision, EvictionRequest, EvictionVerdict, Observation, Policy, PolicyInput,
-    SafeConfig, SafePolicy,
+    PolicyNote, SafeConfig, SafePolicy,
 };
 use mo_sim::{Report, RunOptions, Scenario, Simulation};
 
@@ -364,6 +364,93 @@ impl Policy for Shadowed {
     fn progress_record(&self) -> Option<String> {
         self.live.progress_record()
     }
+}
+
+/// A deliberately wrong policy: the safe one, but it says the upgrade finished as soon as its
+/// first phase starts.
+struct FinishesEarly(SafePolicy);
+
+impl Policy for FinishesEarly {
+    fn name(&self) -> &str {
+        "finishes-early"
+    }
+    fn decide(&mut self, input: PolicyInput<'_>) -> Decision {
+        let mut d = self.0.decide(input);
+        if d.notes
+            .iter()
+            .any(|n| matches!(n, PolicyNote::PhaseStarted { .. }))
+        {
+            d.notes.push(PolicyNote::UpgradeFinished);
+        }
+        d
+    }
+    fn review_eviction(&mut self, o: &Observation, r: &EvictionRequest) -> EvictionVerdict {
+        self.0.review_eviction(o, r)
+    }
+    fn progress_record(&self) -> Option<String> {
+        self.0.progress_record()
+    }
+}
+
+#[test]
+fn a_policy_that_declares_the_upgrade_finished_early_is_caught_from_the_pods() {
+    let s = without_fault(scenario(INCIDENT_002, "safe"));
+    let config = s.safe.clone();
+    let mut sim = Simulation::with_policy(
+        s,
+        Box::new(FinishesEarly(SafePolicy::new(config))),
+        RunOptions {
+            check_invariants: true,
+            ..RunOptions::default()
+        },
+    );
+    let r = sim.run(&mut |_| {});
+    assert_eq!(r.unsafe_actions.finished_with_pods_not_upgraded, 1);
+    assert!(
+        r.violations
+            .iter()
+            .any(|v| v.invariant == "no unsafe action"),
+        "{:?}",
+        r.violations
+    );
+    // The safe policy itself says so only when every pod runs the target.
+    let (safe, _) = run(without_fault(scenario(INCIDENT_002, "safe")));
+    assert_eq!(safe.unsafe_actions.finished_with_pods_not_upgraded, 0);
+    assert!(safe.upgrade.unwrap().finished_at.is_some());
+}
+
+#[test]
+fn two_proxies_evicted_in_the_same_instant_leave_one_routing() {
+    let text = "
+name: two-proxies-evicted
+duration: 10m
+topology:
+  version: v1
+  proxy_replicas: 2
+  cn_groups:
+    - {name: tenant, replicas: 2}
+workload: {clients: 6, txn_rate: 8, tables: [documents, orders]}
+events:
+  - {at: 30s, evict: {pod: proxy-0, source: cluster-autoscaler}}
+  - {at: 30s, evict: {pod: proxy-1, source: kubectl-drain}}
+";
+    let (safe, log) = run(scenario(text, "safe"));
+    assert_clean(&safe);
+    assert_eq!(safe.proxy_no_route_seconds, 0.0);
+    // The second waits until the first proxy is back (a terminating proxy routes nothing new).
+    let refused = log
+        .iter()
+        .position(|l| l.contains("eviction of proxy-1 by kubectl-drain: 429"))
+        .unwrap();
+    assert!(
+        log[refused..]
+            .iter()
+            .any(|l| l.contains("eviction of proxy-1 by kubectl-drain: allowed"))
+    );
+    // The checker judges the stop itself: legacy lets both go at once.
+    let (legacy, _) = run(scenario(text, "legacy"));
+    assert_eq!(legacy.unsafe_actions.proxy_stopped_without_another_route, 1);
+    assert!(legacy.proxy_no_route_seconds > 0.0);
 }
 
 #[test]

@@ -347,6 +347,24 @@ impl Simulation {
                 }
             }
             PolicyNote::UpgradeFinished => {
+                if self.tracker.finished_at.is_none()
+                    && let Some(target) = self.upgrade.as_ref().map(|u| u.target_version.clone())
+                {
+                    let behind: Vec<String> = self
+                        .live_pods()
+                        .filter(|&p| self.pods[p].version != target)
+                        .map(|p| format!("{} on {}", self.pods[p].name, self.pods[p].version))
+                        .collect();
+                    if !behind.is_empty() {
+                        self.count_unsafe(
+                            |u| &mut u.finished_with_pods_not_upgraded,
+                            format!(
+                                "upgrade to {target} declared finished with {}",
+                                behind.join(", ")
+                            ),
+                        );
+                    }
+                }
                 self.tracker.finished_at.get_or_insert(self.now);
             }
             PolicyNote::Holding { .. } | PolicyNote::Released { .. } => {}
@@ -445,7 +463,35 @@ impl Simulation {
                     }
                 }
             }
-            Component::Tn | Component::Proxy => {}
+            Component::Proxy => {
+                // With more than one proxy, the workload always keeps a route: a voluntary stop
+                // while no other proxy can route is an outage the operator chose. (With one
+                // proxy its restart is unavoidable and not judged.)
+                if !self.proxies.get(&p).is_some_and(|x| x.running) {
+                    return;
+                }
+                let proxies = self
+                    .live_pods()
+                    .filter(|&q| self.pods[q].component == Component::Proxy)
+                    .count();
+                let another_routes = self.proxies.iter().any(|(&q, proxy)| {
+                    q != p
+                        && proxy.running
+                        && self.pods[q].deletion.is_none()
+                        && self.pods[q].status != PodStatus::Gone
+                        && proxy
+                            .cache
+                            .iter()
+                            .any(|(u, st)| self.routable_cn(u, *st).is_some())
+                });
+                if proxies > 1 && !another_routes {
+                    self.count_unsafe(
+                        |u| &mut u.proxy_stopped_without_another_route,
+                        format!("{name} stopped ({why}) while no other proxy could route"),
+                    );
+                }
+            }
+            Component::Tn => {}
         }
     }
 
