@@ -454,6 +454,35 @@ events:
 }
 
 #[test]
+fn a_commit_cut_by_a_proxy_restart_while_the_tn_is_down_of_a_fault_is_the_faults() {
+    // Found by `campaign --seeds 10000 --policy safe` (seed 6021): the proxy waits for a
+    // COMMIT that the TN, its node failed, can never answer, and is killed at its grace period.
+    let text = r#"
+name: proxy-restart-while-the-tn-node-fails
+duration: 20m
+topology:
+  version: v1
+  nodes: 12
+  proxy_replicas: 2
+  cn_groups:
+    - {name: tenant, replicas: 3}
+workload: {clients: 1, txn_rate: 4, statements_max: 2, tables: [t0, t1], statement_latency: 6129ms}
+timings: {image_pull: 80s, container_start: 3s, log_rejoin: 10s, log_catch_up: 62s, log_election: 3s, cn_start: 13s, tn_start: 8s}
+events:
+  - {at: 65s, upgrade: {version: v2, strategy: '{"proxy":[],"log":["proxy"],"cn":["log"],"tn":["cn"]}'}}
+  - {at: 147s, node_failure: {node: node-4}}
+"#;
+    let (r, log) = run(scenario(text, "safe"));
+    let cut = log
+        .iter()
+        .position(|l| l.contains("txn unknown: connection closed by proxy during COMMIT"))
+        .expect("the scenario cuts a COMMIT");
+    assert!(log[..cut].iter().any(|l| l.contains("node node-4 fails")));
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    assert_eq!(r.unsafe_actions.total(), 0);
+}
+
+#[test]
 fn resuming_from_every_progress_record_decides_the_same() {
     for text in [
         INCIDENT_000.to_string(),

@@ -859,6 +859,19 @@ impl Simulation {
             .map_or(Cause::Involuntary, |d| d.cause);
         for c in 0..self.clients.len() {
             if self.clients[c].proxy == Some(p) {
+                // A COMMIT the proxy waited for in vain, because the TN is down of a fault, is
+                // lost to that fault: it could not have ended otherwise.
+                let stuck_on_failed_tn = self.clients[c]
+                    .txn
+                    .and_then(|x| self.txns.get(&x))
+                    .is_some_and(|t| t.stage == TxnStage::Committing)
+                    && self.tn.phase != TnPhase::Running
+                    && self.tn_cause() == Cause::Involuntary;
+                let cause = if stuck_on_failed_tn {
+                    Cause::Involuntary
+                } else {
+                    cause
+                };
                 self.session_broken(c, "connection closed by proxy", cause);
             }
         }

@@ -297,7 +297,7 @@ impl Simulation {
         }
     }
 
-    fn tn_cause(&self) -> Cause {
+    pub(crate) fn tn_cause(&self) -> Cause {
         self.pods[self.tn.pod]
             .deletion
             .as_ref()
