@@ -250,18 +250,17 @@ impl Simulation {
         }
         // A CN beats on the tick its interval is due (half a tick early counts as due).
         let due = self.t.cn_heartbeat.millis() - Millis(self.t.heartbeat.millis().0 / 2);
-        let beating: Vec<(PodId, String, u64)> = self
-            .cns
-            .iter()
-            .filter(|(_, c)| c.phase == CnPhase::Running && c.heartbeats)
-            .filter(|(_, c)| {
-                self.hakeeper
-                    .cns
-                    .get(&c.uuid)
-                    .is_none_or(|r| r.epoch != c.epoch || self.now - r.last_heartbeat >= due)
-            })
-            .map(|(&p, c)| (p, c.uuid.clone(), c.epoch))
-            .collect();
+        let beating: Vec<(PodId, String, u64)> =
+            self.cns
+                .iter()
+                .filter(|(_, c)| c.phase == CnPhase::Running && c.heartbeats)
+                .filter(|(_, c)| {
+                    self.hakeeper.cns.get(&c.uuid).is_none_or(|r| {
+                        r.heard_from != c.epoch || self.now - r.last_heartbeat >= due
+                    })
+                })
+                .map(|(&p, c)| (p, c.uuid.clone(), c.epoch))
+                .collect();
         for (p, uuid, epoch) in beating {
             self.cn_heartbeat(p, &uuid, epoch);
         }
@@ -293,7 +292,7 @@ impl Simulation {
             Some(record) => {
                 record.last_heartbeat = self.now;
                 record.pod = p;
-                record.epoch = epoch;
+                record.heard_from = epoch;
                 record.version = version;
             }
             None => {
@@ -304,6 +303,7 @@ impl Simulation {
                     CnRecord {
                         pod: p,
                         epoch,
+                        heard_from: epoch,
                         work_state: WorkState::Working,
                         last_heartbeat: self.now,
                         version,
@@ -974,7 +974,8 @@ impl Simulation {
 
     // ------------------------------------------- Instance-bound drain protocol
 
-    /// `BeginDrain(instance)`: only the live instance with that start epoch can be drained.
+    /// `BeginDrain(instance)`: only the live instance HAKeeper reports with that start epoch can
+    /// be drained.
     pub(crate) fn begin_drain(
         &mut self,
         uuid: &str,
@@ -994,10 +995,12 @@ impl Simulation {
                 "no running instance of CN {uuid}"
             )));
         };
-        if cn.epoch != start_epoch {
+        // The only instance id the kernel reports is its HAKeeper record's UpTime, which a
+        // restart before the record expires keeps: the extension checks that, no more.
+        let reported = self.hakeeper.cns.get(uuid).map(|r| r.epoch);
+        if reported != Some(start_epoch) {
             return Err(ActionError::Conflict(format!(
-                "instance mismatch: CN {uuid} runs start epoch {}, not {start_epoch}",
-                cn.epoch
+                "instance mismatch: CN {uuid} reports start epoch {reported:?}, not {start_epoch}"
             )));
         }
         if let Some(id) = cn.kernel_drain

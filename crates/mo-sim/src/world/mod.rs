@@ -301,7 +301,12 @@ pub(crate) struct Cn {
 #[derive(Clone, Debug)]
 pub(crate) struct CnRecord {
     pub pod: PodId,
+    /// The instance that created the record: what HAKeeper reports as its `UpTime`. A
+    /// heartbeat never changes it (`CNState.Update`), so a CN restarted before its record
+    /// expired looks like its old instance.
     pub epoch: u64,
+    /// The instance that sent the last heartbeat: the model's ground truth, never observed.
+    pub heard_from: u64,
     pub work_state: WorkState,
     pub last_heartbeat: Millis,
     pub version: String,
@@ -731,6 +736,7 @@ impl Simulation {
                         CnRecord {
                             pod: id,
                             epoch,
+                            heard_from: epoch,
                             work_state: WorkState::Working,
                             last_heartbeat: Millis::ZERO,
                             version: version.clone(),

@@ -542,7 +542,7 @@ impl Simulation {
                         return Err(format!("{} has no CN process", self.pods[p].name));
                     };
                     let registered = self.hakeeper.cns.get(&cn.uuid).is_some_and(|r| {
-                        r.epoch == cn.epoch
+                        r.heard_from == cn.epoch
                             && r.work_state == WorkState::Working
                             && self.now - r.last_heartbeat <= self.heartbeat_intervals().cn_fresh()
                     });

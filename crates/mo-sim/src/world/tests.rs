@@ -397,6 +397,41 @@ fn expired_cn_loses_its_draining_mark() {
 }
 
 #[test]
+fn a_cn_restarted_before_its_record_expires_keeps_its_up_time() {
+    // `CNState.Update` sets UpTime only when the record is created: HAKeeper cannot tell a
+    // quickly restarted CN from its old instance (seen on v1.2.4, `facts` step 4).
+    let yaml = format!("{BASE}events:\n  - at: 10s\n    cn_crash: {{pod: cn-1}}\n");
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(5));
+    let p = pod(&s, "cn-1");
+    let uuid = s.cns[&p].uuid.clone();
+    let before = (s.cns[&p].epoch, s.hakeeper.cns[&uuid].epoch);
+    assert_eq!(before.0, before.1);
+    run_to(&mut s, secs(40));
+    let p = pod(&s, "cn-1");
+    assert_ne!(s.cns[&p].epoch, before.0, "a new process runs");
+    assert_eq!(s.cns[&p].phase, CnPhase::Running);
+    let record = &s.hakeeper.cns[&uuid];
+    assert_eq!(
+        record.heard_from, s.cns[&p].epoch,
+        "the new instance heartbeats"
+    );
+    assert_eq!(
+        record.epoch, before.1,
+        "the record still reports the old UpTime"
+    );
+    let reported = s
+        .observe()
+        .hakeeper
+        .expect("readable")
+        .cns
+        .into_iter()
+        .find(|c| c.uuid == uuid)
+        .expect("listed");
+    assert_eq!(reported.start_epoch, before.1);
+}
+
+#[test]
 fn update_on_unknown_cn_says_does_not_exist() {
     let mut s = sim(BASE);
     let err = s
