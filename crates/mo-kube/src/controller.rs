@@ -335,15 +335,8 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
     ensure_children(&cluster, &templates, config_map, &pods, &mut state, &ctx).await?;
 
     let nodes: Vec<Node> = ctx.nodes.state().iter().map(|n| (**n).clone()).collect();
-    let kernel = ctx
-        .kernel
-        .kernel_view(
-            &ns,
-            &name,
-            &pods,
-            &kernel_config::heartbeat_intervals(&cluster),
-        )
-        .await;
+    let intervals = kernel_config::heartbeat_intervals(&cluster);
+    let kernel = ctx.kernel.kernel_view(&ns, &name, &pods, &intervals).await;
     if kernel.hakeeper.is_err() {
         ctx.metrics
             .kernel_unreachable
@@ -375,7 +368,7 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
     let missing_classes = missing_storage_classes(&ctx, &cluster).await;
     let problems = crate::problems::find(&cluster, &pods, &missing_classes);
     let now = now_millis();
-    let observation = observation::build(now, &cluster, &pods, &nodes, kernel, strategy);
+    let observation = observation::build(now, &cluster, &pods, &nodes, kernel, strategy, intervals);
     let results = std::mem::take(&mut state.results);
     let state = &mut *state;
     let policy = state.policy.as_mut().expect("set above");

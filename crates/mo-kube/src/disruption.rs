@@ -273,16 +273,20 @@ async fn review_inner(
     pods.retain(|p| p.metadata.name.as_deref() != Some(name));
     pods.push(pod.clone());
     let nodes: Vec<_> = ctx.nodes.state().iter().map(|n| (**n).clone()).collect();
+    let intervals = kernel_config::heartbeat_intervals(&cluster);
     let kernel = ctx
         .kernel
-        .kernel_view(
-            namespace,
-            &cluster_name,
-            &pods,
-            &kernel_config::heartbeat_intervals(&cluster),
-        )
+        .kernel_view(namespace, &cluster_name, &pods, &intervals)
         .await;
-    let obs = observation::build(now_millis(), &cluster, &pods, &nodes, kernel, strategy);
+    let obs = observation::build(
+        now_millis(),
+        &cluster,
+        &pods,
+        &nodes,
+        kernel,
+        strategy,
+        intervals,
+    );
 
     let policy = state.policy.as_mut().expect("checked above");
     let before = policy.progress_record();

@@ -174,6 +174,17 @@ pub fn render(
     group: Option<&str>,
     bootstrap: Option<&LogBootstrap>,
 ) -> Result<String, ConfigError> {
+    let root = render_table(cluster, component, group, bootstrap)?;
+    Ok(toml::to_string(&root).expect("a TOML table always serializes"))
+}
+
+/// [`render`] before it is written out.
+fn render_table(
+    cluster: &MatrixOneCluster,
+    component: Component,
+    group: Option<&str>,
+    bootstrap: Option<&LogBootstrap>,
+) -> Result<Table, ConfigError> {
     use port::*;
     let hakeeper = strings(
         log_store_hosts(cluster)
@@ -339,7 +350,7 @@ pub fn render(
                 })?;
         merge(&mut root, overrides);
     }
-    Ok(toml::to_string(&root).expect("a TOML table always serializes"))
+    Ok(root)
 }
 
 /// `overrides` over `base`: tables merge key by key, anything else is replaced.
@@ -364,8 +375,7 @@ fn merge(base: &mut Table, overrides: Table) {
 pub fn heartbeat_intervals(cluster: &MatrixOneCluster) -> mo_core::HeartbeatIntervals {
     let defaults = mo_core::HeartbeatIntervals::default();
     let configured = |component: Component, group: Option<&str>, path: &[&str]| {
-        let text = render(cluster, component, group, None).ok()?;
-        let root: Table = text.parse().ok()?;
+        let root = render_table(cluster, component, group, None).ok()?;
         let (last, tables) = path.split_last()?;
         let mut table = &root;
         for key in tables {

@@ -165,6 +165,7 @@ pub fn build(
     nodes: &[Node],
     kernel: KernelView,
     strategy: mo_core::Strategy,
+    heartbeat_intervals: mo_core::HeartbeatIntervals,
 ) -> Observation {
     let name = cluster.metadata.name.clone().unwrap_or_default();
     let pod_views = cluster_pods(&name, pods)
@@ -214,7 +215,7 @@ pub fn build(
             .map(node_name)
             .collect(),
         tn_wal_tolerance: kernel.tn_wal_tolerance,
-        heartbeat_intervals: crate::kernel_config::heartbeat_intervals(cluster),
+        heartbeat_intervals,
         desired: DesiredState {
             upgrade: Some(UpgradeSpec {
                 target_version: cluster.spec.version.clone(),
@@ -282,6 +283,7 @@ mod tests {
             &[],
             kernel,
             mo_core::Strategy::default_order(),
+            mo_core::HeartbeatIntervals::default(),
         );
         assert_eq!(obs.pods.len(), 3, "another cluster's pods are not ours");
         let cn = obs.pod("mo-tp-1").expect("observed");
