@@ -291,6 +291,62 @@ pub fn generate(seed: u64) -> Scenario {
             at + rng.random_range(1..=60u32)
         );
     }
+    if rng.random_bool(0.15) {
+        // A withdrawal lost across a TN restart: the hand-over requested, the TN (whose lock
+        // allocator keeps its restart marks in memory) restarted, then the drain withdrawn.
+        let at = rng.random_range(30..=1500u32);
+        let tn_at = at + rng.random_range(1..=30u32);
+        let back = tn_at + rng.random_range(1..=60u32);
+        let _ = writeln!(y, "  - {{at: {tn_at}s, delete_pod: {{pod: tn-0}}}}");
+        match rng.random_range(0..3u32) {
+            0 if tenant >= 3 => {
+                let _ = writeln!(
+                    y,
+                    "  - {{at: {at}s, scale_in: {{group: tenant, replicas: {}}}}}",
+                    tenant - 1
+                );
+                let _ = writeln!(
+                    y,
+                    "  - {{at: {back}s, scale_out: {{group: tenant, replicas: {tenant}}}}}"
+                );
+            }
+            1 if bound > 0 => {
+                let _ = writeln!(y, "  - {{at: {at}s, claim_release: {{pod: pool-0}}}}");
+                let _ = writeln!(y, "  - {{at: {back}s, claim_bind: {{pod: pool-0}}}}");
+            }
+            _ => {
+                let pod = if owners.is_empty() {
+                    pick(&mut rng, &cn_pods)
+                } else {
+                    pick(&mut rng, &owners)
+                };
+                let _ = writeln!(
+                    y,
+                    "  - {{at: {at}s, evict: {{pod: {pod}, source: cluster-autoscaler, give_up_after: {}s}}}}",
+                    back - at
+                );
+            }
+        }
+    }
+    if rng.random_bool(0.15) {
+        // A CN container restarted in place within seconds of its drain starting, before
+        // HAKeeper's record changes.
+        let pod = if !owners.is_empty() && rng.random_bool(0.7) {
+            pick(&mut rng, &owners)
+        } else {
+            pick(&mut rng, &cn_pods)
+        };
+        let at = rng.random_range(30..=1500u32);
+        let _ = writeln!(
+            y,
+            "  - {{at: {at}s, evict: {{pod: {pod}, source: kubectl-drain}}}}"
+        );
+        let _ = writeln!(
+            y,
+            "  - {{at: {}s, cn_crash: {{pod: {pod}}}}}",
+            at + rng.random_range(0..=20u32)
+        );
+    }
     // Statements that run for seconds while CNs hand over, scale in or proxies restart.
     let latency = if rng.random_bool(0.2) {
         format!(
@@ -375,6 +431,54 @@ pub fn classes(scenario: &Scenario) -> Vec<&'static str> {
         }),
         "scale-in reverted",
     );
+    // Drains started and withdrawn: (pod or group, start, withdrawal), in milliseconds.
+    let mut withdrawn: Vec<(u64, u64)> = Vec::new();
+    for e in ev {
+        let at = e.at.millis().0;
+        if let Some(p) = &e.evict
+            && let Some(give_up) = p.give_up_after
+        {
+            withdrawn.push((at, at + give_up.millis().0));
+        }
+        if let Some(o) = &e.scale_out {
+            for r in ev.iter().filter(|r| r.at <= e.at) {
+                if r.scale_in
+                    .as_ref()
+                    .is_some_and(|i| i.group == o.group && i.replicas < o.replicas)
+                {
+                    withdrawn.push((r.at.millis().0, at));
+                }
+            }
+        }
+        if let Some(b) = &e.claim_bind {
+            for r in ev.iter().filter(|r| r.at <= e.at) {
+                if r.claim_release.as_ref().is_some_and(|p| p.pod == b.pod) {
+                    withdrawn.push((r.at.millis().0, at));
+                }
+            }
+        }
+    }
+    add(
+        ev.iter().any(|e| {
+            e.delete_pod
+                .as_ref()
+                .is_some_and(|p| p.pod.starts_with("tn-"))
+                && withdrawn
+                    .iter()
+                    .any(|(s, w)| *s < e.at.millis().0 && e.at.millis().0 < *w)
+        }),
+        "drain withdrawn across a TN restart",
+    );
+    add(
+        ev.iter().any(|e| {
+            e.cn_crash.as_ref().is_some_and(|c| {
+                evictions.iter().any(|(t, pod)| {
+                    *pod == c.pod && *t <= e.at.millis().0 && e.at.millis().0 <= t + 30_000
+                })
+            })
+        }),
+        "CN restarted in place within seconds of its drain",
+    );
     add(
         scenario.timings.cn_heartbeat.millis().0 >= 2_000,
         "CN heartbeat interval of 2 s or more",
@@ -426,30 +530,35 @@ pub fn classes(scenario: &Scenario) -> Vec<&'static str> {
     out
 }
 
-/// Involuntary faults or kernel bugs in play: liveness is then only "waits on a named
-/// condition", not "completes".
+/// Lasting faults in play (a node that never comes back, a kernel bug): liveness is then only
+/// "waits on a named condition", not "completes". Transient faults (a CN crash, a pod deleted
+/// by hand, a HAKeeper outage) excuse nothing: the kernel recovers from them, so must the run.
 fn cooperative(scenario: &Scenario) -> bool {
-    scenario.events.iter().all(|e| {
-        e.node_failure.is_none()
-            && e.cn_crash.is_none()
-            && e.hakeeper_outage.is_none()
-            && e.delete_pod.is_none()
-            && e.fault.is_none()
-    })
+    scenario
+        .events
+        .iter()
+        .all(|e| e.node_failure.is_none() && e.fault.is_none())
 }
 
 /// Runs one scenario with every invariant checked, then checks liveness.
 pub fn check(scenario: Scenario) -> SeedResult {
+    check_with(scenario, None)
+}
+
+/// [`check`] with a given policy instead of the one the scenario names (to show that a
+/// deliberately wrong policy is caught).
+pub fn check_with(scenario: Scenario, policy: Option<Box<dyn mo_core::Policy>>) -> SeedResult {
     let seed = scenario.seed;
     let cooperative = cooperative(&scenario);
     let classes = classes(&scenario).into_iter().map(String::from).collect();
-    let mut sim = Simulation::new(
-        scenario,
-        RunOptions {
-            check_invariants: true,
-            ..RunOptions::default()
-        },
-    );
+    let options = RunOptions {
+        check_invariants: true,
+        ..RunOptions::default()
+    };
+    let mut sim = match policy {
+        Some(policy) => Simulation::with_policy(scenario, policy, options),
+        None => Simulation::new(scenario, options),
+    };
     let report = sim.run(&mut |_| {});
     let mut violations = report.violations.clone();
     let at = report.sim_seconds;
@@ -466,10 +575,15 @@ pub fn check(scenario: Scenario) -> SeedResult {
         }),
         Some(_) => {}
     };
-    if let Some(upgrade) = &report.upgrade
-        && upgrade.finished_at.is_none()
-    {
-        stuck("the upgrade".into(), report.waiting_on.get("rollout"));
+    if let Some(upgrade) = &report.upgrade {
+        if upgrade.finished_at.is_none() {
+            stuck("the upgrade".into(), report.waiting_on.get("rollout"));
+        } else if let Some(gap) = &upgrade.not_applied {
+            stuck(
+                format!("the upgrade (declared finished, but {gap})"),
+                report.waiting_on.get("rollout"),
+            );
+        }
     }
     for pod in sim.pending_removals() {
         let waiting = report.waiting_on.get(&pod);

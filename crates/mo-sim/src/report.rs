@@ -46,6 +46,13 @@ pub struct PhaseReport {
 pub struct UpgradeReport {
     pub started_at: Option<f64>,
     pub finished_at: Option<f64>,
+    /// At the end of the run every pod runs the target version and every component's
+    /// functional gate passes (the ground truth, whatever the policy said).
+    #[serde(default)]
+    pub applied: bool,
+    /// When not applied: the first thing found not in place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_applied: Option<String>,
     pub phases: Vec<PhaseReport>,
 }
 

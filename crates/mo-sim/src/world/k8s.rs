@@ -149,6 +149,9 @@ impl Simulation {
             self.check_voluntary_stop(p, why);
         }
         self.pods[p].deletion = Some(Deletion { cause, recreate });
+        if self.pods[p].component == Component::Tn {
+            self.tn.stop_cause = cause;
+        }
         self.pods[p].ready = false;
         let name = self.pods[p].name.clone();
         self.trace(&name, "deleted", || why.to_string());
@@ -178,6 +181,7 @@ impl Simulation {
         self.schedule(self.now + grace, Ev::PodKill(p, epoch));
         match self.pods[p].component {
             Component::Log => {
+                self.log_stop_cause.insert(name.clone(), cause);
                 self.log_store_stopped(&name);
                 self.after(self.t.log_shutdown, Ev::ProcessExit(p, epoch));
             }
@@ -225,9 +229,13 @@ impl Simulation {
         match self.pods[p].component {
             Component::Log => {
                 let name = self.pods[p].name.clone();
+                self.log_stop_cause.insert(name.clone(), cause);
                 self.log_store_stopped(&name);
             }
-            Component::Tn => self.tn_stop("TN connection lost: EOF"),
+            Component::Tn => {
+                self.tn.stop_cause = cause;
+                self.tn_stop("TN connection lost: EOF");
+            }
             Component::Cn => self.cn_begin_shutdown(p, cause),
             Component::Proxy => self.proxy_begin_shutdown(p),
         }

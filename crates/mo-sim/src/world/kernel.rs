@@ -219,6 +219,7 @@ impl Simulation {
         } else if self.tn.phase == TnPhase::Running && self.tn.wal_blocked_since.is_none() {
             // The TN appends continuously (commits, checkpoints, logtail): it blocks at once.
             self.tn.wal_blocked_since = Some(self.now);
+            self.tn.wal_block_cause = self.shard_outage_cause(1);
             self.tn.wal_try = 0;
             self.tn.wal_generation += 1;
             let deadline = self.now
@@ -467,7 +468,15 @@ impl Simulation {
 
     pub(crate) fn tn_hakeeper_deadline(&mut self, epoch: u64) {
         if self.tn.epoch == epoch && self.tn.phase == TnPhase::WaitingForHakeeper {
-            self.tn_fatal("cannot connect to HAKeeper: context deadline exceeded");
+            let cause = if self.hakeeper.outage_until.is_some() {
+                Cause::Involuntary
+            } else {
+                self.shard_outage_cause(0)
+            };
+            self.tn_fatal(
+                "cannot connect to HAKeeper: context deadline exceeded",
+                cause,
+            );
         }
     }
 
@@ -482,7 +491,11 @@ impl Simulation {
         };
         let total = self.wal_total_timeout();
         if self.now - since >= total {
-            self.tn_fatal("FATAL: Wal-Cannot-Append: context deadline exceeded");
+            let cause = match self.tn.wal_block_cause {
+                Cause::Involuntary => Cause::Involuntary,
+                Cause::Voluntary => self.shard_outage_cause(1),
+            };
+            self.tn_fatal("FATAL: Wal-Cannot-Append: context deadline exceeded", cause);
             return;
         }
         self.tn.wal_try += 1;
@@ -497,14 +510,31 @@ impl Simulation {
         self.schedule(deadline, Ev::TnWalDeadline { epoch, generation });
     }
 
-    fn tn_fatal(&mut self, reason: &str) {
+    /// What keeps shard `s` from committing: an involuntary fault when a replica it lacks
+    /// stopped of one (a crash, a failed node), else the voluntary stops.
+    pub(crate) fn shard_outage_cause(&self, s: usize) -> Cause {
+        let faulted = self.shards[s].replicas.iter().any(|r| {
+            r.state != ReplicaState::Joined { caught_up: true }
+                && self.log_stop_cause.get(&r.store) == Some(&Cause::Involuntary)
+        });
+        if faulted {
+            Cause::Involuntary
+        } else {
+            Cause::Voluntary
+        }
+    }
+
+    /// A fatal exit is the TN's own crash; the transactions it cuts and the exit itself are
+    /// attributed to what made the kernel exit (`cause`).
+    fn tn_fatal(&mut self, reason: &str, cause: Cause) {
         self.tn_fatal_exit_times.push(self.now);
+        self.tn_fatal_exit_causes.push(cause);
         let n = self.tn_fatal_exit_times.len();
         let pod = self.pods[self.tn.pod].name.clone();
         self.trace(&pod, "fatal", || reason.to_string());
         self.log("tn", || format!("fatal exit #{n}: {reason}"));
         let p = self.tn.pod;
-        self.crash_process(p, Cause::Involuntary, true);
+        self.crash_process(p, cause, true);
     }
 
     /// SIGTERM: the TN admits no new commit (CNs retry) and finishes the appends it has.
@@ -524,7 +554,8 @@ impl Simulation {
         self.tn.wal_generation += 1;
         let waiting = std::mem::take(&mut self.tn.wal_waiting);
         for x in waiting {
-            self.resolve_txn_aborted(x, Some(error));
+            let cause = self.tn_cause();
+            self.resolve_txn_aborted(x, Some(error), cause);
         }
     }
 
@@ -859,14 +890,14 @@ impl Simulation {
             .map_or(Cause::Involuntary, |d| d.cause);
         for c in 0..self.clients.len() {
             if self.clients[c].proxy == Some(p) {
-                // A COMMIT the proxy waited for in vain, because the TN is down of a fault, is
+                // A COMMIT the proxy waited for in vain, because the TN is down or its WAL blocked of a fault, is
                 // lost to that fault: it could not have ended otherwise.
                 let stuck_on_failed_tn = self.clients[c]
                     .txn
                     .and_then(|x| self.txns.get(&x))
                     .is_some_and(|t| t.stage == TxnStage::Committing)
-                    && self.tn.phase != TnPhase::Running
-                    && self.tn_cause() == Cause::Involuntary;
+                    && (self.tn.phase != TnPhase::Running || self.tn.wal_blocked_since.is_some())
+                    && self.tn_wait_cause() == Cause::Involuntary;
                 let cause = if stuck_on_failed_tn {
                     Cause::Involuntary
                 } else {

@@ -243,6 +243,12 @@ pub(crate) struct Tn {
     pub wal_blocked_since: Option<Millis>,
     pub wal_generation: u64,
     pub wal_try: u32,
+    /// Why the TN process last stopped (its pod's deletion, a crash, a fatal exit): what a
+    /// transaction it cut is attributed to.
+    pub stop_cause: Cause,
+    /// Whether an involuntary fault kept the WAL's shard from committing at some point of the
+    /// current blocked window.
+    pub wal_block_cause: Cause,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -385,6 +391,12 @@ pub(crate) struct UpgradeTracker {
     pub requested_at: Option<Millis>,
     pub finished_at: Option<Millis>,
     pub phases: Vec<(Component, Option<Millis>, Option<Millis>)>,
+    /// Components a pod of which the policy has stopped to upgrade it: the first such stop is
+    /// the phase's real start, judged from the pods whatever the policy announces.
+    pub advanced: Vec<Component>,
+    /// Components seen functional (every pod on the target, the kernel's gate passing) since
+    /// the last stop of one of their pods for the upgrade.
+    pub functional_seen: Vec<Component>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -468,7 +480,6 @@ pub struct Simulation {
     pub(crate) violations: Vec<crate::report::Violation>,
     pub(crate) seen: (u64, u64, usize),
     pub(crate) last_failure: String,
-    pub(crate) last_involuntary_at: Option<Millis>,
     pub(crate) upgrade: Option<UpgradeSpec>,
 
     pub(crate) tables: Vec<String>,
@@ -482,6 +493,10 @@ pub struct Simulation {
     pub(crate) counts: TxnCounts,
     pub(crate) errors_by_kind: BTreeMap<String, u64>,
     pub(crate) tn_fatal_exit_times: Vec<Millis>,
+    /// What caused each TN fatal exit, judged from the kernel's state at the time.
+    pub(crate) tn_fatal_exit_causes: Vec<Cause>,
+    /// Why each LOG store's process last stopped (by store name).
+    pub(crate) log_stop_cause: BTreeMap<String, Cause>,
     pub(crate) no_route: Millis,
     pub(crate) truth_committed: u64,
     pub(crate) failures_voluntary: u64,
@@ -564,6 +579,10 @@ impl Simulation {
                 wal_blocked_since: None,
                 wal_generation: 0,
                 wal_try: 0,
+                // Nothing stopped it yet; a failure with no cause on record is held against
+                // the policy, never excused.
+                stop_cause: Cause::Voluntary,
+                wal_block_cause: Cause::Voluntary,
             },
             cns: BTreeMap::new(),
             proxies: BTreeMap::new(),
@@ -590,7 +609,6 @@ impl Simulation {
             violations: Vec::new(),
             seen: (0, 0, 0),
             last_failure: String::new(),
-            last_involuntary_at: None,
             upgrade: None,
             tables: scenario.workload.tables.clone(),
             clients: vec![Client::default(); scenario.workload.clients],
@@ -601,6 +619,8 @@ impl Simulation {
             counts: TxnCounts::default(),
             errors_by_kind: BTreeMap::new(),
             tn_fatal_exit_times: Vec::new(),
+            tn_fatal_exit_causes: Vec::new(),
+            log_stop_cause: BTreeMap::new(),
             no_route: Millis::ZERO,
             truth_committed: 0,
             failures_voluntary: 0,
@@ -993,17 +1013,14 @@ impl Simulation {
             );
             self.violation("voluntary disruptions cost no transaction", detail);
         }
-        if tn_exits > seen_exits {
-            let recent_fault = self
-                .last_involuntary_at
-                .is_some_and(|t| self.now - t <= Millis::from_mins(15));
-            let node_down = self.nodes.iter().any(|n| !n.alive);
-            if !recent_fault && !node_down {
-                self.violation(
-                    "no TN fatal exit from voluntary disruptions",
-                    format!("TN fatal exit #{tn_exits} with no involuntary fault in play"),
-                );
-            }
+        if tn_exits > seen_exits && self.tn_fatal_exit_causes.last() == Some(&Cause::Voluntary) {
+            self.violation(
+                "no TN fatal exit from voluntary disruptions",
+                format!(
+                    "TN fatal exit #{tn_exits}: no involuntary fault kept its LOG shard or \
+                     HAKeeper from answering"
+                ),
+            );
         }
         self.seen = (unsafe_total, self.failures_voluntary, tn_exits);
     }
@@ -1022,15 +1039,6 @@ impl Simulation {
         let kind = self.scenario.events[index]
             .kind(index)
             .expect("validated scenario");
-        if matches!(
-            kind,
-            EventKind::NodeFailure { .. }
-                | EventKind::CnCrash { .. }
-                | EventKind::DeletePod { .. }
-                | EventKind::HakeeperOutage { .. }
-        ) {
-            self.last_involuntary_at = Some(self.now);
-        }
         match kind {
             EventKind::Evict {
                 pod,
@@ -1115,6 +1123,8 @@ impl Simulation {
                     format!("upgrade to {version} requested, strategy {strategy}")
                 });
                 self.tracker.requested_at.get_or_insert(self.now);
+                self.tracker.advanced.clear();
+                self.tracker.functional_seen.clear();
                 self.upgrade = Some(UpgradeSpec {
                     target_version: version,
                     strategy,
@@ -1237,6 +1247,13 @@ impl Simulation {
     }
 
     fn operator_tick(&mut self) {
+        if self.upgrade.is_some() {
+            for c in Component::ALL {
+                if !self.tracker.functional_seen.contains(&c) && self.functional_gate(c).is_ok() {
+                    self.tracker.functional_seen.push(c);
+                }
+            }
+        }
         let observation = self.observe();
         let results = std::mem::take(&mut self.last_results);
         let decision = self.policy.decide(mo_core::PolicyInput {
@@ -1287,9 +1304,12 @@ impl Simulation {
     }
 
     fn finish(&mut self, wall_seconds: f64) -> Report {
+        let applied = self.upgrade_applied();
         let upgrade = self.tracker.requested_at.map(|requested| UpgradeReport {
             started_at: Some(requested.as_secs_f64()),
             finished_at: self.tracker.finished_at.map(Millis::as_secs_f64),
+            applied: applied.is_ok(),
+            not_applied: applied.clone().err(),
             phases: self
                 .tracker
                 .phases
@@ -1301,7 +1321,9 @@ impl Simulation {
                 })
                 .collect(),
         });
-        let upgrade_done = self.upgrade.is_none() || self.tracker.finished_at.is_some();
+        // Completion is judged from the pods and the kernel, not from the policy's word alone.
+        let upgrade_done =
+            self.upgrade.is_none() || (self.tracker.finished_at.is_some() && applied.is_ok());
         let removals_done = self.removals.is_empty();
         let mut errors = self.errors_by_kind.clone();
         errors.retain(|_, v| *v > 0);

@@ -281,6 +281,9 @@ impl Simulation {
             Action::DeletePod { pod, uid, reason } => {
                 let p = self.pod_for_action(pod, uid)?;
                 let removal = self.removals.iter().any(|r| &r.pod == pod);
+                if !removal && self.template_version.get(pod) != Some(&self.pods[p].version) {
+                    self.check_upgrade_advance(p);
+                }
                 if removal && self.pods[p].pool_phase.is_some() {
                     self.pods[p].pool_phase = Some(PoolPhase::Terminating);
                 }
@@ -289,6 +292,9 @@ impl Simulation {
             }
             Action::RestartPod { pod, uid, version } => {
                 let p = self.pod_for_action(pod, uid)?;
+                if &self.pods[p].version != version {
+                    self.check_upgrade_advance(p);
+                }
                 self.template_version.insert(pod.clone(), version.clone());
                 self.delete_pod(p, Cause::Voluntary, true, &format!("restart for {version}"));
                 Ok(())
@@ -325,14 +331,6 @@ impl Simulation {
     pub(crate) fn record_note(&mut self, note: PolicyNote) {
         match &note {
             PolicyNote::PhaseStarted { component } => {
-                if let Some((previous, _, _)) = self.tracker.phases.last().cloned()
-                    && let Err(why) = self.functional_gate(previous)
-                {
-                    self.count_unsafe(
-                        |u| &mut u.phase_advanced_on_failed_gate,
-                        format!("{component} phase started while the {previous} gate fails: {why}"),
-                    );
-                }
                 self.tracker.phases.push((*component, Some(self.now), None));
             }
             PolicyNote::PhaseFinished { component } => {
@@ -493,6 +491,72 @@ impl Simulation {
             }
             Component::Tn => {}
         }
+    }
+
+    /// Judges, from the pods and the kernel, the stop of `p` to run another version: the first
+    /// one of its component starts that component's phase, which needs every component it waits
+    /// for (transitively, in the requested strategy) to have been seen upgraded and functional
+    /// since its own last upgrade restart. Whatever the policy announced or not. (A dependency
+    /// that a later fault or eviction breaks does not make the order wrong.)
+    fn check_upgrade_advance(&mut self, p: PodId) {
+        let Some(upgrade) = &self.upgrade else { return };
+        let component = self.pods[p].component;
+        self.tracker.functional_seen.retain(|c| *c != component);
+        if self.tracker.advanced.contains(&component) {
+            return;
+        }
+        let mut needed: Vec<Component> = upgrade.strategy.waits_for(component).to_vec();
+        let mut i = 0;
+        while i < needed.len() {
+            for &d in upgrade.strategy.waits_for(needed[i]) {
+                if !needed.contains(&d) {
+                    needed.push(d);
+                }
+            }
+            i += 1;
+        }
+        self.tracker.advanced.push(component);
+        let name = self.pods[p].name.clone();
+        for d in needed {
+            if self.tracker.functional_seen.contains(&d) {
+                continue;
+            }
+            if let Err(why) = self.functional_gate(d) {
+                self.count_unsafe(
+                    |u| &mut u.phase_advanced_on_failed_gate,
+                    format!(
+                        "{component} phase started (stop of {name}) while the {d} gate fails: {why}"
+                    ),
+                );
+                return;
+            }
+        }
+    }
+
+    /// The upgrade, judged from the ground truth: every pod runs the target, and every
+    /// component was seen working on it since its last upgrade restart (a later eviction or
+    /// fault is the business of that drain or fault, not of the upgrade).
+    pub(crate) fn upgrade_applied(&self) -> Result<(), String> {
+        let Some(upgrade) = &self.upgrade else {
+            return Ok(());
+        };
+        // Pods are recreated the instant they go: the live pods are every pod there is to be.
+        if let Some(p) = self
+            .live_pods()
+            .find(|&p| self.pods[p].version != upgrade.target_version)
+        {
+            return Err(format!(
+                "{} runs {}",
+                self.pods[p].name, self.pods[p].version
+            ));
+        }
+        for c in Component::ALL {
+            if !self.tracker.functional_seen.contains(&c) {
+                self.functional_gate(c)
+                    .map_err(|why| format!("{c}: {why}"))?;
+            }
+        }
+        Ok(())
     }
 
     /// The true functional gate of a finished phase (what the reports ask to wait for).

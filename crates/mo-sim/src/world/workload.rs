@@ -297,11 +297,33 @@ impl Simulation {
         }
     }
 
+    /// Why a commit or a lock request waits on the TN: its WAL's shard or HAKeeper out of a
+    /// fault, else why the TN last stopped.
+    pub(crate) fn tn_wait_cause(&self) -> Cause {
+        let involuntary = match self.tn.phase {
+            TnPhase::Running | TnPhase::Stopping => {
+                self.tn.wal_blocked_since.is_some()
+                    && (self.tn.wal_block_cause == Cause::Involuntary
+                        || self.shard_outage_cause(1) == Cause::Involuntary)
+            }
+            TnPhase::WaitingForHakeeper => {
+                self.hakeeper.outage_until.is_some()
+                    || self.shard_outage_cause(0) == Cause::Involuntary
+            }
+            TnPhase::Starting | TnPhase::Down => false,
+        };
+        if involuntary {
+            Cause::Involuntary
+        } else {
+            self.tn_cause()
+        }
+    }
+
     pub(crate) fn tn_cause(&self) -> Cause {
         self.pods[self.tn.pod]
             .deletion
             .as_ref()
-            .map_or(Cause::Involuntary, |d| d.cause)
+            .map_or(self.tn.stop_cause, |d| d.cause)
     }
 
     pub(crate) fn commit_at_tn(&mut self, c: ClientId, x: TxnId) {
@@ -314,7 +336,8 @@ impl Simulation {
             .is_some_and(|cn| cn.epoch == txn.cn.epoch && cn.phase != CnPhase::Down);
         if !cn_alive {
             // The CN died before the commit reached the TN: it never happened.
-            self.resolve_txn_aborted(x, None);
+            let cause = self.stopped_cause(txn.cn.pod);
+            self.resolve_txn_aborted(x, None, cause);
             return;
         }
         if self.tn.phase != TnPhase::Running {
@@ -361,7 +384,7 @@ impl Simulation {
         let txn = self.txns.get_mut(&x).expect("present");
         let deadline = *txn.tn_wait_deadline.get_or_insert(now + wait);
         if now >= deadline {
-            let cause = self.tn_cause();
+            let cause = self.tn_wait_cause();
             self.abort_txn(x, error.to_string(), cause);
         } else {
             self.schedule(now + TN_RETRY, again);
@@ -438,7 +461,7 @@ impl Simulation {
             x,
             &Outcome::Unknown(
                 "commit timed out: context deadline exceeded".into(),
-                self.tn_cause(),
+                self.tn_wait_cause(),
             ),
         );
         // The client gives up on the connection; the transaction resolves later at the TN.
@@ -484,14 +507,13 @@ impl Simulation {
     }
 
     /// The transaction did not commit (TN lost it, or its CN died before COMMIT arrived).
-    pub(crate) fn resolve_txn_aborted(&mut self, x: TxnId, error: Option<&str>) {
+    pub(crate) fn resolve_txn_aborted(&mut self, x: TxnId, error: Option<&str>, cause: Cause) {
         let Some(txn) = self.txns.remove(&x) else {
             return;
         };
         self.release_locks(x, &txn);
         if !txn.reported {
             let text = error.unwrap_or("connection lost during COMMIT").to_string();
-            let cause = self.tn_cause();
             self.tell_client(txn.client, x, Outcome::Unknown(text, cause));
         }
     }
