@@ -30,6 +30,12 @@ pub fn summary(r: &Report) -> String {
         "txns      committed {}, failed {}, unknown {}",
         r.txns.committed, r.txns.failed_definite, r.txns.unknown
     );
+    let by = &r.txn_failures_by_cause;
+    let _ = writeln!(
+        s,
+        "lost to   voluntary disruptions {}, the upgrade's TN restart {}, injected faults {}",
+        by.voluntary, by.tn_restart, by.involuntary
+    );
     for (kind, n) in &r.errors_by_kind {
         let _ = writeln!(s, "          {n:>6} × {kind}");
     }
@@ -48,12 +54,13 @@ pub fn summary(r: &Report) -> String {
         s,
         "unsafe    {} deletes without drain confirmation, {} phase advances on a failed gate, \
          {} LOG restarts without quorum margin, {} upgrades declared finished with pods behind, \
-         {} proxy stops with no other route",
+         {} proxy stops with no other route, {} TN stops no upgrade needed",
         u.pod_deleted_without_drain_confirmation,
         u.phase_advanced_on_failed_gate,
         u.log_restart_without_quorum_margin,
         u.finished_with_pods_not_upgraded,
-        u.proxy_stopped_without_another_route
+        u.proxy_stopped_without_another_route,
+        u.tn_stopped_without_need
     );
     for line in &r.unsafe_action_log {
         let _ = writeln!(s, "          {line}");
@@ -91,10 +98,13 @@ pub fn demo_table(incidents: &[(&str, Vec<(&str, &Report)>)]) -> String {
             let _ = write!(s, "{policy:>12}");
         }
         let _ = writeln!(s);
-        let rows: [Row; 9] = [
+        let rows: [Row; 10] = [
             ("transactions committed", |r| r.txns.committed.to_string()),
             ("failed (definite)", |r| r.txns.failed_definite.to_string()),
             ("unknown outcome", |r| r.txns.unknown.to_string()),
+            ("  of which the TN's restart", |r| {
+                r.txn_failures_by_cause.tn_restart.to_string()
+            }),
             ("TN fatal exits", |r| r.tn_fatal_exits.to_string()),
             ("seconds with no route", |r| {
                 format!("{:.0}", r.proxy_no_route_seconds)

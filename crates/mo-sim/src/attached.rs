@@ -232,7 +232,7 @@ impl AttachedCluster {
             self.sim.pods[p].grace_override = grace;
         }
         self.sim
-            .delete_pod(p, Cause::Voluntary, false, "deleted through the API server");
+            .delete_pod(p, Cause::Voluntary, false, crate::world::API_DELETE);
     }
 
     /// The object vanished without our kubelet finishing it (a force delete): the container

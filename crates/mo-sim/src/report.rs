@@ -23,6 +23,10 @@ pub struct UnsafeActions {
     /// A proxy stopped on purpose while no other proxy could route (more than one proxy).
     #[serde(default)]
     pub proxy_stopped_without_another_route: u64,
+    /// The TN stopped on purpose other than by the one restart an upgrade to a version needs
+    /// (an eviction, a second restart to the same version).
+    #[serde(default)]
+    pub tn_stopped_without_need: u64,
 }
 
 impl UnsafeActions {
@@ -32,6 +36,7 @@ impl UnsafeActions {
             + self.log_restart_without_quorum_margin
             + self.finished_with_pods_not_upgraded
             + self.proxy_stopped_without_another_route
+            + self.tn_stopped_without_need
     }
 }
 
@@ -119,6 +124,10 @@ pub struct Violation {
 pub struct FailuresByCause {
     pub voluntary: u64,
     pub involuntary: u64,
+    /// Lost to the operator's restart of the TN to upgrade it (commits in flight or sent while
+    /// it was down, locks held across it): what the stock kernel costs, the operator's doing.
+    #[serde(default)]
+    pub tn_restart: u64,
 }
 
 impl Report {

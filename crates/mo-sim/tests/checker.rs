@@ -206,3 +206,43 @@ fn a_transient_fault_excuses_no_unfinished_upgrade() {
     let result = check_with(s, None);
     assert!(result.violations.is_empty(), "{:?}", result.violations);
 }
+
+#[test]
+fn a_tn_stopped_for_anything_but_the_restart_an_upgrade_needs_is_caught() {
+    // The TN runs on node-4 (three LOG pods come first). A node drain evicts it: legacy lets
+    // it go, which costs the commits in flight for no upgrade at all.
+    let text = "
+name: tn-node-drained
+duration: 20m
+topology:
+  version: v1
+  cn_groups:
+    - {name: tenant, replicas: 2}
+workload: {clients: 4, txn_rate: 4, tables: [t0, t1]}
+events:
+  - {at: 60s, drain_node: {node: node-4}}
+";
+    let r = run(scenario(text, "legacy"));
+    assert_eq!(
+        r.unsafe_actions.tn_stopped_without_need, 1,
+        "{:?}",
+        r.unsafe_action_log
+    );
+    assert!(broke(&r, "no unsafe action"));
+    let r = run(scenario(text, "safe"));
+    assert_eq!(r.unsafe_actions.tn_stopped_without_need, 0);
+    assert_eq!(r.txn_failures_by_cause.voluntary, 0);
+    // The upgrade's one TN restart is allowed; its cost is the operator's, counted apart.
+    let text = text.replace(
+        "  - {at: 60s, drain_node: {node: node-4}}",
+        "  - {at: 60s, upgrade: {version: v2}}",
+    );
+    let r = run(scenario(&text, "safe"));
+    assert!(r.completed, "{:?}", r.upgrade);
+    assert_eq!(r.unsafe_actions.total(), 0, "{:?}", r.unsafe_action_log);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    assert_eq!(
+        r.txns.failed_definite + r.txns.unknown,
+        r.txn_failures_by_cause.tn_restart
+    );
+}

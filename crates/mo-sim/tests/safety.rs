@@ -30,9 +30,20 @@ fn run(s: Scenario) -> (Report, Vec<String>) {
     (report, sim.event_log().to_vec())
 }
 
+/// Nothing lost but what the stock kernel's TN restart costs (an upgrade's one TN restart:
+/// the commits in flight and the locks held across it; counted apart as the operator's).
 fn assert_clean(r: &Report) {
-    assert_eq!(r.txns.unknown, 0, "{:?}", r.errors_by_kind);
-    assert_eq!(r.txns.failed_definite, 0, "{:?}", r.errors_by_kind);
+    let by = &r.txn_failures_by_cause;
+    assert_eq!(by.voluntary + by.involuntary, 0, "{:?}", r.errors_by_kind);
+    assert_eq!(
+        r.txns.unknown + r.txns.failed_definite,
+        by.tn_restart,
+        "{:?}",
+        r.errors_by_kind
+    );
+    if r.upgrade.is_none() {
+        assert_eq!(by.tn_restart, 0);
+    }
     assert_eq!(r.tn_fatal_exits, 0);
     assert_eq!(r.unsafe_actions.total(), 0, "{:?}", r.unsafe_action_log);
     assert!(r.violations.is_empty(), "{:?}", r.violations);
@@ -454,9 +465,10 @@ events:
 }
 
 #[test]
-fn a_commit_cut_by_a_proxy_restart_while_the_tn_is_down_of_a_fault_is_the_faults() {
-    // Found by `campaign --seeds 10000 --policy safe` (seed 6021): the proxy waits for a
-    // COMMIT that the TN, its node failed, can never answer, and is killed at its grace period.
+fn commits_lost_while_the_tn_is_down_of_a_fault_are_the_faults_across_a_proxy_restart() {
+    // Found by `campaign --seeds 10000 --policy safe` (seed 6021): the proxy restarts while the
+    // TN, its node failed, cannot answer a COMMIT. (Since the CN no longer retries a commit while
+    // the TN is down, the commit fails at once instead of holding the proxy to its grace period.)
     let text = r#"
 name: proxy-restart-while-the-tn-node-fails
 duration: 20m
@@ -473,11 +485,16 @@ events:
   - {at: 147s, node_failure: {node: node-4}}
 "#;
     let (r, log) = run(scenario(text, "safe"));
-    let cut = log
+    let failed = log
         .iter()
-        .position(|l| l.contains("txn unknown: connection closed by proxy during COMMIT"))
-        .expect("the scenario cuts a COMMIT");
-    assert!(log[..cut].iter().any(|l| l.contains("node node-4 fails")));
+        .position(|l| l.contains("TN unavailable: connection refused"))
+        .expect("a commit is refused while the TN is down");
+    assert!(
+        log[..failed]
+            .iter()
+            .any(|l| l.contains("node node-4 fails"))
+    );
+    assert!(r.txn_failures_by_cause.involuntary > 0);
     assert!(r.violations.is_empty(), "{:?}", r.violations);
     assert_eq!(r.unsafe_actions.total(), 0);
 }

@@ -145,13 +145,13 @@ impl Simulation {
         if self.pods[p].status == PodStatus::Gone || self.pods[p].deletion.is_some() {
             return;
         }
+        if self.pods[p].component == Component::Tn {
+            self.tn.stop_cause = cause;
+        }
         if cause == Cause::Voluntary && self.pods[p].process_alive {
             self.check_voluntary_stop(p, why);
         }
         self.pods[p].deletion = Some(Deletion { cause, recreate });
-        if self.pods[p].component == Component::Tn {
-            self.tn.stop_cause = cause;
-        }
         self.pods[p].ready = false;
         let name = self.pods[p].name.clone();
         self.trace(&name, "deleted", || why.to_string());
@@ -233,7 +233,11 @@ impl Simulation {
                 self.log_store_stopped(&name);
             }
             Component::Tn => {
-                self.tn.stop_cause = cause;
+                // A deleted pod keeps the cause its deletion gave (a kill at the end of the
+                // grace period is still that deletion).
+                if self.pods[p].deletion.is_none() {
+                    self.tn.stop_cause = cause;
+                }
                 self.tn_stop("TN connection lost: EOF");
             }
             Component::Cn => self.cn_begin_shutdown(p, cause),

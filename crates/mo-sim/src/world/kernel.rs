@@ -402,25 +402,20 @@ impl Simulation {
     }
 
     pub(crate) fn tn_process_started(&mut self, p: PodId, epoch: u64) {
+        self.judge_api_tn_restart(p);
         self.tn.pod = p;
         self.tn.epoch = epoch;
         self.tn.phase = TnPhase::WaitingForHakeeper;
-        // The allocator lives in memory: a restart starts a new allocator epoch. Its binds are
-        // rebuilt from the owners' keepalives (binds of owners that died are gone); restart
-        // marks and drain ids are lost.
-        let live: Vec<(String, Bind)> = std::mem::take(&mut self.tn.allocator.binds)
-            .into_iter()
-            .filter(|(_, b)| {
-                self.cns
-                    .get(&b.owner.pod)
-                    .is_some_and(|c| c.epoch == b.owner.epoch && c.lock_open)
-            })
-            .collect();
+        // The allocator lives in memory: a restart starts a new, empty one (v1.2.4
+        // `tnservice/store.go` `initLockTableAllocator`). It knows no service and no bind, so
+        // every CN's keepalive is refused and the CN drops its lock tables
+        // (`lock_table_keeper.go` `doKeepLockTableBind`): every lock held across the restart is
+        // gone, and its transaction aborts at COMMIT. Restart marks and drain ids are lost.
         self.tn.allocator = Allocator::default();
-        // The model keeps live owners' binds across a TN restart (the kernel's new allocator
-        // starts empty: see docs/fidelity.md), so it keeps those owners known too.
-        self.tn.allocator.services = live.iter().map(|(_, b)| b.uuid.clone()).collect();
-        self.tn.allocator.binds = live.into_iter().collect();
+        self.tn.binds_lost_up_to = self.bind_version_bump;
+        for cn in self.cns.values_mut() {
+            cn.holders.clear();
+        }
         self.kernel_drains.clear();
         for cn in self.cns.values_mut() {
             cn.kernel_drain = None;
@@ -493,7 +488,7 @@ impl Simulation {
         if self.now - since >= total {
             let cause = match self.tn.wal_block_cause {
                 Cause::Involuntary => Cause::Involuntary,
-                Cause::Voluntary => self.shard_outage_cause(1),
+                Cause::Voluntary | Cause::TnRestart => self.shard_outage_cause(1),
             };
             self.tn_fatal("FATAL: Wal-Cannot-Append: context deadline exceeded", cause);
             return;

@@ -35,12 +35,20 @@ pub(crate) struct Instance {
     pub epoch: u64,
 }
 
+/// Why a pod deleted through a real API server (the attached data plane) went: the world
+/// cannot tell an upgrade's restart from another deletion until the next instance starts.
+pub(crate) const API_DELETE: &str = "deleted through the API server";
+
 /// Why a process stopped: voluntary disruptions must never cost a transaction; involuntary
 /// ones (injected faults) are accounted separately.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Cause {
     Voluntary,
     Involuntary,
+    /// The operator's restart of the TN to upgrade it: the stock kernel cannot restart its TN
+    /// without losing the commits in flight and the locks held across it, so these losses are
+    /// the operator's, counted apart (and the checker allows one such restart per version).
+    TnRestart,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,6 +254,9 @@ pub(crate) struct Tn {
     /// Why the TN process last stopped (its pod's deletion, a crash, a fatal exit): what a
     /// transaction it cut is attributed to.
     pub stop_cause: Cause,
+    /// Lock binds with a version at or below this were granted by an allocator that a TN
+    /// restart replaced (the new one starts empty).
+    pub binds_lost_up_to: u64,
     /// Whether an involuntary fault kept the WAL's shard from committing at some point of the
     /// current blocked window.
     pub wal_block_cause: Cause,
@@ -501,6 +512,12 @@ pub struct Simulation {
     pub(crate) truth_committed: u64,
     pub(crate) failures_voluntary: u64,
     pub(crate) failures_involuntary: u64,
+    pub(crate) failures_tn_restart: u64,
+    /// The versions the policy restarted the TN to (one restart per version is needed).
+    pub(crate) tn_restarts_to: Vec<String>,
+    /// A TN deleted through a real API server, judged when its next instance starts: the
+    /// version it ran.
+    pub(crate) tn_deleted_from: Option<String>,
     pub(crate) unsafe_actions: UnsafeActions,
     pub(crate) unsafe_log: Vec<String>,
     pub(crate) tracker: UpgradeTracker,
@@ -582,6 +599,7 @@ impl Simulation {
                 // Nothing stopped it yet; a failure with no cause on record is held against
                 // the policy, never excused.
                 stop_cause: Cause::Voluntary,
+                binds_lost_up_to: 0,
                 wal_block_cause: Cause::Voluntary,
             },
             cns: BTreeMap::new(),
@@ -625,6 +643,9 @@ impl Simulation {
             truth_committed: 0,
             failures_voluntary: 0,
             failures_involuntary: 0,
+            failures_tn_restart: 0,
+            tn_restarts_to: Vec::new(),
+            tn_deleted_from: None,
             unsafe_actions: UnsafeActions::default(),
             unsafe_log: Vec::new(),
             tracker: UpgradeTracker::default(),
@@ -1350,6 +1371,7 @@ impl Simulation {
             txn_failures_by_cause: crate::report::FailuresByCause {
                 voluntary: self.failures_voluntary,
                 involuntary: self.failures_involuntary,
+                tn_restart: self.failures_tn_restart,
             },
             waiting_on: self.policy.waiting_on().into_iter().collect(),
             operator_restarts: self.operator_restarts,

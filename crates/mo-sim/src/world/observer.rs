@@ -297,6 +297,9 @@ impl Simulation {
                 }
                 self.template_version.insert(pod.clone(), version.clone());
                 self.delete_pod(p, Cause::Voluntary, true, &format!("restart for {version}"));
+                if self.pods[p].component == Component::Tn {
+                    self.tn.stop_cause = Cause::TnRestart;
+                }
                 Ok(())
             }
         }
@@ -489,7 +492,27 @@ impl Simulation {
                     );
                 }
             }
-            Component::Tn => {}
+            Component::Tn => {
+                if why == API_DELETE {
+                    // Judged when the next instance starts, from the version it runs; its
+                    // losses are the restart's meanwhile.
+                    self.tn_deleted_from = Some(self.pods[p].version.clone());
+                    self.tn.stop_cause = Cause::TnRestart;
+                    return;
+                }
+                // The stock kernel cannot restart its TN for free (see `Cause::TnRestart`): the
+                // one restart an upgrade to a version needs is allowed, nothing else.
+                let needed = why.strip_prefix("restart for ").filter(|v| {
+                    *v != self.pods[p].version && !self.tn_restarts_to.iter().any(|r| r == v)
+                });
+                match needed {
+                    Some(version) => self.tn_restarts_to.push(version.to_string()),
+                    None => self.count_unsafe(
+                        |u| &mut u.tn_stopped_without_need,
+                        format!("{name} stopped ({why}): not the one restart an upgrade needs"),
+                    ),
+                }
+            }
         }
     }
 
@@ -557,6 +580,24 @@ impl Simulation {
             }
         }
         Ok(())
+    }
+
+    /// A TN deleted through a real API server starts again: the deletion was the one restart
+    /// an upgrade needs only if the new instance runs a version the TN was not restarted to yet.
+    pub(crate) fn judge_api_tn_restart(&mut self, p: PodId) {
+        let Some(from) = self.tn_deleted_from.take() else {
+            return;
+        };
+        let to = self.pods[p].version.clone();
+        if to != from && !self.tn_restarts_to.contains(&to) {
+            self.tn_restarts_to.push(to);
+        } else {
+            let name = self.pods[p].name.clone();
+            self.count_unsafe(
+                |u| &mut u.tn_stopped_without_need,
+                format!("{name} was deleted on {from} and came back on {to}: no upgrade needed it"),
+            );
+        }
     }
 
     /// The true functional gate of a finished phase (what the reports ask to wait for).

@@ -689,3 +689,69 @@ events:
     assert!(s.cns[&p].sessions.is_empty());
     assert_eq!(failures(&s), 0);
 }
+
+#[test]
+fn a_tn_restart_empties_the_lock_allocator_and_loses_what_crosses_it_to_the_restart() {
+    let mut s = sim(BASE);
+    run_to(&mut s, secs(20));
+    assert!(!s.tn.allocator.binds.is_empty(), "the workload holds binds");
+    let committed = s.counts.committed;
+    let tn = pod(&s, "tn-0");
+    let restart = mo_core::Action::RestartPod {
+        pod: "tn-0".into(),
+        uid: s.pods[tn].uid.clone(),
+        version: "v2".into(),
+    };
+    s.apply_action(&restart).expect("restart accepted");
+    run_to(&mut s, secs(90));
+    assert_eq!(s.tn.phase, TnPhase::Running, "the new TN runs");
+    assert!(s.counts.committed > committed, "the workload commits again");
+    // Commits sent while it was down fail at once (no retry in the CN), and locks held across
+    // the restart are gone with the old allocator: both the restart's, none the policy's fault.
+    assert!(
+        s.errors_by_kind
+            .get("TN unavailable: connection refused")
+            .is_some_and(|n| *n > 0)
+    );
+    assert!(s.failures_tn_restart > 0);
+    assert_eq!(s.failures_tn_restart, failures(&s));
+    assert_eq!(s.failures_voluntary, 0);
+    assert_eq!(s.unsafe_actions.total(), 0, "{:?}", s.unsafe_log);
+    // The new allocator knew nothing: every bind now was granted after the restart.
+    assert!(
+        s.tn.allocator
+            .binds
+            .values()
+            .all(|b| b.version > s.tn.binds_lost_up_to)
+    );
+    // A second restart to the same version is not one an upgrade needs.
+    let tn = pod(&s, "tn-0");
+    let again = mo_core::Action::RestartPod {
+        pod: "tn-0".into(),
+        uid: s.pods[tn].uid.clone(),
+        version: "v2".into(),
+    };
+    s.apply_action(&again).expect("restart accepted");
+    assert_eq!(
+        s.unsafe_actions.tn_stopped_without_need, 1,
+        "{:?}",
+        s.unsafe_log
+    );
+}
+
+#[test]
+fn a_commit_waiting_on_a_wal_blocked_by_a_log_fault_is_the_faults() {
+    let mut s = sim(BASE);
+    run_to(&mut s, secs(10));
+    crash(&mut s, "log-1");
+    crash(&mut s, "log-2");
+    // The client's COMMIT timeout is 60 s.
+    run_to(&mut s, secs(100));
+    assert!(
+        failures(&s) > 0,
+        "commits time out while the WAL is blocked"
+    );
+    assert_eq!(s.failures_voluntary, 0);
+    assert_eq!(s.failures_tn_restart, 0);
+    assert_eq!(s.failures_involuntary, failures(&s));
+}

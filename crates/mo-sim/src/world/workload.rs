@@ -319,11 +319,9 @@ impl Simulation {
         }
     }
 
+    /// Why the TN last stopped (set when its pod is deleted or its process dies).
     pub(crate) fn tn_cause(&self) -> Cause {
-        self.pods[self.tn.pod]
-            .deletion
-            .as_ref()
-            .map_or(self.tn.stop_cause, |d| d.cause)
+        self.tn.stop_cause
     }
 
     pub(crate) fn commit_at_tn(&mut self, c: ClientId, x: TxnId) {
@@ -341,13 +339,10 @@ impl Simulation {
             return;
         }
         if self.tn.phase != TnPhase::Running {
-            self.arm_commit_timeout(c, x);
-            // Nothing reached the TN, so giving up is a definite failure.
-            self.retry_tn(
-                x,
-                Ev::CommitAtTn(c, x),
-                "TN unavailable: connection refused",
-            );
+            // The CN does not retry a commit (v1.2.4 `txn/rpc/sender.go` `Send`); nothing
+            // reached the TN, so the transaction did not commit.
+            let cause = self.tn_wait_cause();
+            self.abort_txn(x, "TN unavailable: connection refused".into(), cause);
             return;
         }
         let txn = &self.txns[&x];
@@ -359,12 +354,21 @@ impl Simulation {
                 .is_some_and(|b| b.owner == l.owner && b.version == l.version)
         });
         if !binds_intact {
-            let cause = txn
+            // A bind the restarted TN's new allocator never granted was lost to that restart;
+            // any other changed because its owner stopped.
+            let lost_to_tn = txn
                 .locks
                 .iter()
-                .map(|l| self.stopped_cause(l.owner.pod))
-                .find(|c| *c == Cause::Involuntary)
-                .unwrap_or(Cause::Voluntary);
+                .any(|l| l.version <= self.tn.binds_lost_up_to);
+            let cause = if lost_to_tn {
+                self.tn_cause()
+            } else {
+                txn.locks
+                    .iter()
+                    .map(|l| self.stopped_cause(l.owner.pod))
+                    .find(|c| *c == Cause::Involuntary)
+                    .unwrap_or(Cause::Voluntary)
+            };
             self.abort_txn(x, "lock table bind changed".into(), cause);
             return;
         }
@@ -581,6 +585,7 @@ impl Simulation {
                 match cause {
                     Cause::Voluntary => self.failures_voluntary += 1,
                     Cause::Involuntary => self.failures_involuntary += 1,
+                    Cause::TnRestart => self.failures_tn_restart += 1,
                 }
                 *self.errors_by_kind.entry(text.clone()).or_default() += 1;
                 if *cause == Cause::Voluntary {
