@@ -122,6 +122,10 @@ pub struct Drain {
     pub release_sent_at: Option<Millis>,
     pub last_eviction_at: Option<Millis>,
     pub cancel_requested: bool,
+    /// When the extension's `CancelDrain` was last sent (it counts only once the allocator
+    /// reports the drain cancelled).
+    #[serde(default)]
+    pub cancel_sent_at: Option<Millis>,
     pub end: Option<DrainEnd>,
     /// What the drain waits on now (the condition shown to people).
     pub hold: Option<String>,
@@ -174,6 +178,7 @@ impl Drain {
             release_sent_at: None,
             last_eviction_at: Some(now),
             cancel_requested: false,
+            cancel_sent_at: None,
             end: None,
             hold: None,
             alarmed: false,
@@ -455,8 +460,44 @@ impl Drain {
             self.set_stage(DrainStage::Cancelling, now);
         }
         if self.stage == DrainStage::Cancelling {
-            if let Some(id) = self.kernel_drain_id.take() {
-                actions.push(Action::CancelDrain { drain_id: id });
+            if let Some(id) = self.kernel_drain_id {
+                // The extension's drain is taken back only when the allocator says so. One it
+                // no longer knows (the TN restarted) cannot be: the CN may still refuse new
+                // writes, so it finishes a drain and is restarted, as on the stock kernel.
+                match obs.lock_allocator.as_ref().map(|a| a.drains.get(&id)) {
+                    Ok(Some(DrainAnswer::Cancelled)) => self.kernel_drain_id = None,
+                    Ok(None) => {
+                        self.kernel_drain_id = None;
+                        self.begin_drain_sent_at = None;
+                        self.cancel_requested = false;
+                        self.purpose = DrainPurpose::Restart {
+                            version: pod.version.clone(),
+                        };
+                        self.set_stage(DrainStage::HandOver, now);
+                        self.hold(format!(
+                            "withdrawn, but drain {id} is unknown to the lock allocator (the TN restarted): {} may refuse new writes, so it finishes a drain and is restarted",
+                            self.pod
+                        ));
+                        return;
+                    }
+                    Ok(Some(_)) => {
+                        if self.resend_due(self.cancel_sent_at, now, timing) {
+                            actions.push(Action::CancelDrain { drain_id: id });
+                            self.cancel_sent_at = Some(now);
+                        }
+                        self.hold(format!(
+                            "withdrawn: waiting for the lock allocator to cancel drain {id}"
+                        ));
+                        return;
+                    }
+                    Err(e) => {
+                        self.hold(format!(
+                            "withdrawn: cannot ask the lock allocator ({e}); {} stays Draining",
+                            self.pod
+                        ));
+                        return;
+                    }
+                }
             }
             if record.work_state == WorkState::Working {
                 self.finish(DrainEnd::Cancelled, now);
@@ -1377,6 +1418,82 @@ mod tests {
             .insert(43, DrainAnswer::Done);
         d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(matches!(&a[..], [Action::DeletePod { .. }]));
+    }
+
+    /// Found by the campaign (seed 7455 of 10000): an evictor gave up after the extension's
+    /// drain began; the TN restarted (the allocator forgot the drain id, the CN still refused
+    /// new writes), and the CN was set Working after a `CancelDrain` that failed.
+    #[test]
+    fn a_withdrawn_extension_drain_returns_to_work_only_once_the_allocator_cancelled_it() {
+        let evict = || {
+            Drain::new(
+                "cn-1",
+                "uid-1",
+                "u1",
+                DrainPurpose::Evict {
+                    source: "cluster-autoscaler".into(),
+                },
+                Millis(0),
+            )
+        };
+        let working = |a: &[Action]| {
+            a.iter().any(|x| {
+                matches!(
+                    x,
+                    Action::SetCnWorkState {
+                        state: WorkState::Working,
+                        ..
+                    }
+                )
+            })
+        };
+        for allocator_forgot in [false, true] {
+            let mut d = evict();
+            let mut o = obs(2_000);
+            o.lock_allocator.as_mut().unwrap().drain_protocol = true;
+            draining(&mut o);
+            let mut a = vec![];
+            d.step(&o, &TIMING, Ok(()), &mut a);
+            d.absorb(
+                &[ActionResult {
+                    action: a[0].clone(),
+                    result: Ok(ActionOutput::DrainId { drain_id: 42 }),
+                }],
+                Millis(2_000),
+            );
+            let drains = &mut o.lock_allocator.as_mut().unwrap().drains;
+            drains.insert(42, DrainAnswer::Pending { remaining_txns: 2 });
+            // The evictor went away long ago.
+            o.now = Millis(200_000);
+            a.clear();
+            d.step(&o, &TIMING, Ok(()), &mut a);
+            assert!(a.contains(&Action::CancelDrain { drain_id: 42 }), "{a:?}");
+            assert!(!working(&a), "not Working before the cancel is seen: {a:?}");
+            // The allocator cannot be asked (the TN is down): still Draining.
+            o.lock_allocator = Err(ObservationError::Unavailable("TN down".into()));
+            o.now = Millis(201_000);
+            a.clear();
+            d.step(&o, &TIMING, Ok(()), &mut a);
+            assert!(!working(&a), "{a:?}");
+            o.lock_allocator = Ok(AllocatorView {
+                drain_protocol: true,
+                ..AllocatorView::default()
+            });
+            if !allocator_forgot {
+                let drains = &mut o.lock_allocator.as_mut().unwrap().drains;
+                drains.insert(42, DrainAnswer::Cancelled);
+            }
+            o.now = Millis(202_000);
+            a.clear();
+            d.step(&o, &TIMING, Ok(()), &mut a);
+            if allocator_forgot {
+                assert!(!working(&a), "{a:?}");
+                assert!(matches!(d.purpose, DrainPurpose::Restart { .. }));
+                assert_ne!(d.stage, DrainStage::Cancelling);
+            } else {
+                assert!(working(&a), "{a:?}");
+            }
+        }
     }
 
     #[test]
