@@ -46,8 +46,8 @@ pub fn summary(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "proxy     {:.0} s with no route",
-        r.proxy_no_route_seconds
+        "proxy     {:.0} s with no route; longest stall of a table {:.1} s",
+        r.proxy_no_route_seconds, r.longest_table_stall_seconds
     );
     let u = &r.unsafe_actions;
     let _ = writeln!(
@@ -98,7 +98,7 @@ pub fn demo_table(incidents: &[(&str, Vec<(&str, &Report)>)]) -> String {
             let _ = write!(s, "{policy:>12}");
         }
         let _ = writeln!(s);
-        let rows: [Row; 10] = [
+        let rows: [Row; 11] = [
             ("transactions committed", |r| r.txns.committed.to_string()),
             ("failed (definite)", |r| r.txns.failed_definite.to_string()),
             ("unknown outcome", |r| r.txns.unknown.to_string()),
@@ -108,6 +108,9 @@ pub fn demo_table(incidents: &[(&str, Vec<(&str, &Report)>)]) -> String {
             ("TN fatal exits", |r| r.tn_fatal_exits.to_string()),
             ("seconds with no route", |r| {
                 format!("{:.0}", r.proxy_no_route_seconds)
+            }),
+            ("longest stall of a table (s)", |r| {
+                format!("{:.1}", r.longest_table_stall_seconds)
             }),
             ("deletes w/o drain confirmation", |r| {
                 r.unsafe_actions

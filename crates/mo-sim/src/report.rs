@@ -78,6 +78,9 @@ pub struct Report {
     /// Simulated seconds at which the TN exited fatally.
     pub tn_fatal_exit_times: Vec<f64>,
     pub proxy_no_route_seconds: f64,
+    /// The longest time a table with DML went without a commit that locked it.
+    #[serde(default)]
+    pub longest_table_stall_seconds: f64,
     pub unsafe_actions: UnsafeActions,
     pub upgrade: Option<UpgradeReport>,
     /// Why each unsafe action was counted (time, what, why).

@@ -513,6 +513,9 @@ pub struct Simulation {
     pub(crate) failures_voluntary: u64,
     pub(crate) failures_involuntary: u64,
     pub(crate) failures_tn_restart: u64,
+    /// When a commit that locked each table last happened (by table index).
+    pub(crate) last_commit_on: BTreeMap<usize, Millis>,
+    pub(crate) longest_table_stall: Millis,
     /// The versions the policy restarted the TN to (one restart per version is needed).
     pub(crate) tn_restarts_to: Vec<String>,
     /// A TN deleted through a real API server, judged when its next instance starts: the
@@ -644,6 +647,8 @@ impl Simulation {
             failures_voluntary: 0,
             failures_involuntary: 0,
             failures_tn_restart: 0,
+            last_commit_on: BTreeMap::new(),
+            longest_table_stall: Millis::ZERO,
             tn_restarts_to: Vec::new(),
             tn_deleted_from: None,
             unsafe_actions: UnsafeActions::default(),
@@ -1365,6 +1370,7 @@ impl Simulation {
                 .map(|t| t.as_secs_f64())
                 .collect(),
             proxy_no_route_seconds: self.no_route.as_secs_f64(),
+            longest_table_stall_seconds: self.longest_table_stall.as_secs_f64(),
             unsafe_actions: self.unsafe_actions.clone(),
             upgrade,
             unsafe_action_log: self.unsafe_log.clone(),

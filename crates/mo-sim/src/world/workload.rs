@@ -220,7 +220,14 @@ impl Simulation {
             return self.grant(x, table, &bind);
         };
         let owner = bind.owner;
+        // A lost owner (`ErrBackendClosed`, `ErrBackendCannotConnect`, `ErrNoAvailableBackend`)
+        // fails only a transaction that already holds a lock on that table; any other sleeps
+        // 1 s and asks again until the bind moves (v1.2.4 `lockop/lock_op.go` `canRetryLock`).
+        let holds_table = self.txns[&x].locks.iter().any(|l| l.table == table);
         let Some(cn) = self.cns.get(&owner.pod).filter(|c| c.epoch == owner.epoch) else {
+            if !holds_table {
+                return LockResult::Retry;
+            }
             let cause = self.stopped_cause(owner.pod);
             let text = format!(
                 "failed to lock on remote {}:6003: connection refused",
@@ -229,6 +236,9 @@ impl Simulation {
             return LockResult::Failed(text, cause);
         };
         if !cn.lock_open {
+            if !holds_table {
+                return LockResult::Retry;
+            }
             let cause = cn.stop_cause;
             let pod = &self.pods[owner.pod];
             let reason = if pod.process_alive && pod.epoch == owner.epoch {
@@ -440,6 +450,13 @@ impl Simulation {
         }
         self.release_locks(x, &txn);
         self.truth_committed += 1;
+        // The longest stretch a table with DML went without a commit (what a lost lock owner
+        // costs when its lockers wait instead of failing).
+        for lock in &txn.locks {
+            if let Some(last) = self.last_commit_on.insert(lock.table, self.now) {
+                self.longest_table_stall = self.longest_table_stall.max(self.now - last);
+            }
+        }
         if let Some(audit) = &mut self.audit {
             audit.truth_committed.push(x);
         }
