@@ -64,7 +64,11 @@ fn safe_incident_000_drains_the_lock_owner_before_it_leaves() {
         let (r, log) = run(s);
         assert_clean(&r);
         assert!(r.completed, "the pool reclaim finished");
-        assert!(r.longest_table_stall_seconds < 3.0, "{}", r.longest_table_stall_seconds);
+        assert!(
+            r.longest_table_stall_seconds < 3.0,
+            "{}",
+            r.longest_table_stall_seconds
+        );
         let handed_over = log
             .iter()
             .position(|l| l.contains("cn-gvhx9: unlock success"))
