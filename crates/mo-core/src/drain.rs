@@ -209,6 +209,19 @@ impl Drain {
         self.hold(why);
     }
 
+    /// A withdrawal that cannot be honoured: the CN may refuse new writes, so instead of going
+    /// back to work it finishes a drain and is restarted on its own version.
+    fn restart_instead_of_cancel(&mut self, version: &str, now: Millis, why: String) {
+        self.cancel_requested = false;
+        self.purpose = DrainPurpose::Restart {
+            version: version.to_string(),
+        };
+        if self.stage == DrainStage::Cancelling {
+            self.set_stage(DrainStage::HandOver, now);
+        }
+        self.hold(why);
+    }
+
     fn set_stage(&mut self, stage: DrainStage, now: Millis) {
         if self.stage != stage {
             self.stage = stage;
@@ -443,17 +456,11 @@ impl Drain {
             && irrevocable
             && !matches!(self.purpose, DrainPurpose::Restart { .. })
         {
-            self.cancel_requested = false;
-            self.purpose = DrainPurpose::Restart {
-                version: pod.version.clone(),
-            };
-            if self.stage == DrainStage::Cancelling {
-                self.set_stage(DrainStage::HandOver, now);
-            }
-            self.hold(format!(
+            let why = format!(
                 "withdrawn after its hand-over was requested: {} refuses new writes for good, so it finishes the drain and is restarted",
                 self.pod
-            ));
+            );
+            self.restart_instead_of_cancel(&pod.version, now, why);
         }
         // A pod on its way out is never handed back to the workload.
         if self.cancel_requested && self.stage < DrainStage::Released && !deleted_elsewhere {
@@ -469,15 +476,11 @@ impl Drain {
                     Ok(None) => {
                         self.kernel_drain_id = None;
                         self.begin_drain_sent_at = None;
-                        self.cancel_requested = false;
-                        self.purpose = DrainPurpose::Restart {
-                            version: pod.version.clone(),
-                        };
-                        self.set_stage(DrainStage::HandOver, now);
-                        self.hold(format!(
+                        let why = format!(
                             "withdrawn, but drain {id} is unknown to the lock allocator (the TN restarted): {} may refuse new writes, so it finishes a drain and is restarted",
                             self.pod
-                        ));
+                        );
+                        self.restart_instead_of_cancel(&pod.version, now, why);
                         return;
                     }
                     Ok(Some(_)) => {

@@ -486,10 +486,7 @@ impl Simulation {
         };
         let total = self.wal_total_timeout();
         if self.now - since >= total {
-            let cause = match self.tn.wal_block_cause {
-                Cause::Involuntary => Cause::Involuntary,
-                Cause::Voluntary | Cause::TnRestart => self.shard_outage_cause(1),
-            };
+            let cause = self.wal_outage_cause();
             self.tn_fatal("FATAL: Wal-Cannot-Append: context deadline exceeded", cause);
             return;
         }
@@ -516,6 +513,15 @@ impl Simulation {
             Cause::Involuntary
         } else {
             Cause::Voluntary
+        }
+    }
+
+    /// Why the WAL has been blocked: a fault if one kept its shard from committing at the
+    /// block's start or keeps it now.
+    pub(crate) fn wal_outage_cause(&self) -> Cause {
+        match self.tn.wal_block_cause {
+            Cause::Involuntary => Cause::Involuntary,
+            Cause::Voluntary | Cause::TnRestart => self.shard_outage_cause(1),
         }
     }
 

@@ -312,9 +312,7 @@ impl Simulation {
     pub(crate) fn tn_wait_cause(&self) -> Cause {
         let involuntary = match self.tn.phase {
             TnPhase::Running | TnPhase::Stopping => {
-                self.tn.wal_blocked_since.is_some()
-                    && (self.tn.wal_block_cause == Cause::Involuntary
-                        || self.shard_outage_cause(1) == Cause::Involuntary)
+                self.tn.wal_blocked_since.is_some() && self.wal_outage_cause() == Cause::Involuntary
             }
             TnPhase::WaitingForHakeeper => {
                 self.hakeeper.outage_until.is_some()
