@@ -33,6 +33,13 @@ pub enum Action {
         uid: String,
         version: String,
     },
+    /// Put a proxy pod in or out of its Service (a pod label the Service selects on): out, no
+    /// new client connection reaches it; the ones it has stay until their clients close them.
+    SetProxyServing {
+        pod: String,
+        uid: String,
+        serving: bool,
+    },
     /// Pull an image onto a node ahead of the restart that needs it.
     PrePullImage {
         node: String,
@@ -65,7 +72,9 @@ impl Action {
             Action::SetCnWorkState { uuid, .. }
             | Action::SetRestartService { uuid }
             | Action::DeleteCnStore { uuid } => uuid,
-            Action::DeletePod { pod, .. } | Action::RestartPod { pod, .. } => pod,
+            Action::DeletePod { pod, .. }
+            | Action::RestartPod { pod, .. }
+            | Action::SetProxyServing { pod, .. } => pod,
             Action::PrePullImage { node, .. } => node,
             Action::TransferLogLeader { to_store, .. } => to_store,
             Action::SetTnWalTolerance { .. } | Action::CancelDrain { .. } => "tn",

@@ -130,11 +130,12 @@ pub struct Drain {
     /// What the drain waits on now (the condition shown to people).
     pub hold: Option<String>,
     pub alarmed: bool,
-    /// Since when no CN has run a transaction created before the hand-over began, during a
-    /// hand-over the allocator does not confirm.
+    /// Since when the evidence that lets a wedged hand-over be confirmed without the
+    /// allocator has held (`wedge_evidence`).
     #[serde(default)]
     pub no_old_txns_since: Option<Millis>,
-    /// Confirmed by every CN's own transaction list, the allocator's handshake having wedged.
+    /// Confirmed by every CN's own transaction list (and the marked CN's lock holders), the
+    /// allocator's handshake having wedged.
     #[serde(default)]
     pub confirmed_by_txns: bool,
 }
@@ -229,11 +230,14 @@ impl Drain {
         }
     }
 
-    /// A newer drain owns the pod's current instance: this one, released, stops here rather
-    /// than setting that instance back to Working under the newer drain.
-    pub fn hand_off(&mut self, now: Millis) {
+    /// A newer drain owns the pod's current instance: this one (released, or its pod replaced
+    /// by someone else) stops here rather than setting that instance back to Working under
+    /// the newer drain.
+    pub fn hand_off(&mut self, replaced: bool, now: Millis) {
         if self.stage == DrainStage::Released {
             self.finish(DrainEnd::Released, now);
+        } else if replaced {
+            self.finish(DrainEnd::InstanceGone, now);
         }
     }
 
@@ -384,6 +388,11 @@ impl Drain {
         let details = match obs.hakeeper.as_ref() {
             Ok(d) => d,
             Err(e) => {
+                // The proxies cannot reload their CN lists either (a failed refresh keeps the
+                // old one): the wait for every proxy to see the Draining mark starts over.
+                if self.stage == DrainStage::MigrateSessions {
+                    self.stage_since = now;
+                }
                 self.hold(format!(
                     "cannot read HAKeeper ({e}): {} stays protected",
                     self.pod
@@ -727,9 +736,18 @@ impl Drain {
             // transaction list decides instead: after the mark, only a transaction created
             // before it can take a lock on this CN's tables (its snapshot is older than the
             // restart), so when no CN runs one any more, stopping this CN fails none.
+            //
+            // Or, the kernel having leaked the transactions it waits for (v1.2.4, measured on
+            // a running kernel: background transactions that crossed a TN restart hold locks
+            // in the marked CN's tables that no CN runs any more; their unlocks, sent with the
+            // old binds, are refused, and nothing removes them): when every lock in this CN's
+            // lock tables is held by a transaction no running CN runs, and this CN runs none
+            // from before the mark, its stop takes no lock from a live transaction. A newer
+            // transaction elsewhere that needs its tables is refused and retries, and goes on
+            // once the binds move, as a lost owner's lockers do.
             let wedged = answer.remaining_txns > 0 && now - acked >= timing.handover_wedge_after;
             let old = old_transactions(obs, mark_settled(acked));
-            if wedged && old == Ok(0) {
+            if wedged && wedge_evidence(obs, &self.pod, acked).is_ok() {
                 self.no_old_txns_since.get_or_insert(now);
             } else {
                 self.no_old_txns_since = None;
@@ -751,6 +769,11 @@ impl Drain {
                 (true, Ok(0)) => "; the hand-over looks wedged, and no CN runs a transaction \
                      from before it (confirming)"
                     .into(),
+                (true, Ok(_)) if wedge_evidence(obs, &self.pod, acked).is_ok() => format!(
+                    "; the hand-over looks wedged, and every lock in {}'s lock tables is held \
+                     by a transaction no CN runs (confirming)",
+                    self.pod
+                ),
                 (true, Ok(n)) => format!(
                     "; the hand-over looks wedged, and {n} CNs run transactions from before it"
                 ),
@@ -860,7 +883,7 @@ impl Drain {
             Some(id) => allocator.drains.get(&id) == Some(&DrainAnswer::Done),
             None if self.confirmed_by_txns => self
                 .handshake_acked_at
-                .is_some_and(|acked| old_transactions(obs, mark_settled(acked)) == Ok(0)),
+                .is_some_and(|acked| wedge_evidence(obs, &self.pod, acked).is_ok()),
             None => allocator
                 .restarting
                 .get(&self.cn_uuid)
@@ -903,6 +926,36 @@ impl Drain {
 /// configuration), and the CNs' wall clocks may differ from ours by up to a second more.
 fn mark_settled(acked: Millis) -> Millis {
     acked + Millis::from_secs(3)
+}
+
+/// What lets a wedged hand-over be confirmed without the allocator, or why not: either no
+/// running CN runs a transaction from before the mark, or every lock in `pod`'s own lock
+/// tables is held by a transaction no running CN runs and `pod` runs none from before it.
+/// Every running CN's transaction list must have been read.
+fn wedge_evidence(obs: &Observation, pod: &str, acked: Millis) -> Result<(), String> {
+    let boundary = mark_settled(acked);
+    match old_transactions(obs, boundary) {
+        Ok(0) => return Ok(()),
+        Ok(_) => {}
+        Err(unread) => return Err(format!("{unread}'s transactions cannot be read")),
+    }
+    match obs.cn_activity.get(pod) {
+        Some(Ok(CnActivity {
+            live_lock_holders: Some(0),
+            oldest_txn,
+            ..
+        })) if !matches!(oldest_txn, OldestTxn::CreatedAt(created) if *created < boundary) => {
+            Ok(())
+        }
+        Some(Ok(CnActivity {
+            live_lock_holders: Some(n),
+            ..
+        })) => Err(format!(
+            "{n} live transactions hold locks in {pod}'s lock tables, or it runs one from \
+             before the mark"
+        )),
+        _ => Err(format!("the holders of {pod}'s locks cannot be read")),
+    }
 }
 
 /// How many running CNs run a transaction created before `boundary`; the first CN whose
@@ -964,6 +1017,7 @@ mod tests {
             started_at: Some(Millis(0)),
             cn_uuid: Some("u1".into()),
             pool_phase: None,
+            serving: true,
         };
         Observation {
             now: Millis(now),
@@ -982,6 +1036,7 @@ mod tests {
             lock_allocator: Ok(AllocatorView::default()),
             cn_activity: BTreeMap::from([("cn-1".to_string(), Ok(CnActivity::default()))]),
             proxy_routes: BTreeMap::new(),
+            proxy_connections: BTreeMap::new(),
             node_images: BTreeMap::new(),
             unschedulable_nodes: vec![],
             not_ready_nodes: vec![],
@@ -1059,6 +1114,7 @@ mod tests {
             started_at: Some(Millis(100 + u64::from(restarts))),
             cn_uuid: None,
             pool_phase: None,
+            serving: true,
         });
     }
 
@@ -1196,6 +1252,39 @@ mod tests {
         assert_eq!(a, vec![Action::SetRestartService { uuid: "u1".into() }]);
     }
 
+    /// While HAKeeper cannot be read the proxies cannot reload their CN lists either (a failed
+    /// refresh keeps the old list): the wait for them starts over once it is back. Found by
+    /// `campaign --seeds 10000` (seed 6851): an outage inside the wait let new sessions,
+    /// reconnecting through a proxy that had not seen the mark, fail with 20635.
+    #[test]
+    fn the_wait_for_the_proxies_starts_over_after_hakeeper_was_unreadable() {
+        let timing = DrainTiming {
+            route_refresh: Millis(5_000),
+            ..TIMING
+        };
+        let mut d = remove();
+        let mut o = obs(1_000);
+        d.step(&o, &timing, Ok(()), &mut vec![]);
+        draining(&mut o);
+        o.now = Millis(2_000);
+        d.step(&o, &timing, Ok(()), &mut vec![]);
+        assert_eq!(d.stage, DrainStage::MigrateSessions);
+        let mut down = o.clone();
+        down.now = Millis(4_000);
+        down.hakeeper = Err(ObservationError::Unavailable("no leader".into()));
+        d.step(&down, &timing, Ok(()), &mut vec![]);
+        for now in [7_000, 8_999] {
+            o.now = Millis(now);
+            let mut a = vec![];
+            d.step(&o, &timing, Ok(()), &mut a);
+            assert!(a.is_empty(), "at {now} ms: {a:?}");
+        }
+        o.now = Millis(9_000);
+        let mut a = vec![];
+        d.step(&o, &timing, Ok(()), &mut a);
+        assert_eq!(a, vec![Action::SetRestartService { uuid: "u1".into() }]);
+    }
+
     /// Every uncertain reading holds; none releases.
     #[test]
     fn uncertainty_never_releases() {
@@ -1279,6 +1368,7 @@ mod tests {
                             replicas: 0,
                             locks: None,
                             oldest_txn: OldestTxn::NotRead,
+                            live_lock_holders: None,
                         }),
                     );
                 }),
@@ -1567,6 +1657,7 @@ mod tests {
                 replicas: 0,
                 locks: None,
                 oldest_txn: OldestTxn::NotRead,
+                live_lock_holders: None,
             }),
         );
         o.now = Millis(200_000);
@@ -1871,6 +1962,85 @@ mod tests {
         assert!(d.confirmed_by_txns);
     }
 
+    /// The kernel leaked the transactions the allocator waits for (v1.2.4, seen on a running
+    /// kernel after a TN restart), and transactions from before the mark wait on another CN
+    /// for this one's tables for good. Every lock in its lock tables held by a transaction no
+    /// CN runs, and none of its own from before the mark, read twice a keepalive apart,
+    /// confirms it; a live holder, an old transaction of its own, or holders not read hold it.
+    #[test]
+    fn a_wedged_handover_whose_lock_holders_no_cn_runs_is_confirmed() {
+        let mut d = remove();
+        to_handover(&mut d); // accepted at 3 s, settled at 6 s
+        let mut o = obs(14_000);
+        draining(&mut o);
+        second_cn(&mut o);
+        wedged(&mut o, 6);
+        txns(&mut o, "cn-2", OldestTxn::CreatedAt(Millis(5_000)));
+        let marked = |o: &mut Observation, live: Option<u32>, oldest: OldestTxn| {
+            o.cn_activity.insert(
+                "cn-1".into(),
+                Ok(CnActivity {
+                    locks: Some(4),
+                    live_lock_holders: live,
+                    oldest_txn: oldest,
+                    ..CnActivity::default()
+                }),
+            );
+        };
+        let mut a = vec![];
+        for (live, oldest, why) in [
+            (
+                Some(1),
+                OldestTxn::NoneRunning,
+                "1 CNs run transactions from before it",
+            ),
+            (
+                None,
+                OldestTxn::NoneRunning,
+                "1 CNs run transactions from before it",
+            ),
+            (
+                Some(0),
+                OldestTxn::CreatedAt(Millis(5_500)),
+                "2 CNs run transactions from before it",
+            ),
+        ] {
+            marked(&mut o, live, oldest);
+            for t in [14_000, 17_000] {
+                o.now = Millis(t);
+                d.step(&o, &TIMING, Ok(()), &mut a);
+                assert_eq!(d.stage, DrainStage::HandOver, "{live:?} {oldest:?}");
+            }
+            assert!(a.is_empty(), "{a:?}");
+            assert!(
+                d.hold.as_deref().unwrap_or("").contains(why),
+                "{:?}",
+                d.hold
+            );
+        }
+        // Only dead holders, and the marked CN runs only newer transactions of its own.
+        marked(&mut o, Some(0), OldestTxn::CreatedAt(Millis(6_000)));
+        o.now = Millis(18_000);
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(a.is_empty(), "one reading is not enough: {a:?}");
+        assert!(
+            d.hold
+                .as_deref()
+                .unwrap()
+                .contains("held by a transaction no CN runs")
+        );
+        o.now = Millis(20_000);
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(
+            matches!(&a[..], [Action::DeletePod { uid, .. }] if uid == "uid-1"),
+            "{a:?}"
+        );
+        assert_eq!(d.still_confirmed(&o), Ok(()));
+        // A live holder seen before a lost release is sent again undoes the confirmation.
+        marked(&mut o, Some(1), OldestTxn::NoneRunning);
+        assert!(d.still_confirmed(&o).is_err());
+    }
+
     /// "Inconsistent" (-1) is not a wedge, and a CN that can no longer be read before a lost
     /// release is sent again undoes the confirmation.
     #[test]
@@ -1921,6 +2091,7 @@ mod tests {
                 replicas: 0,
                 locks: None,
                 oldest_txn: OldestTxn::NotRead,
+                live_lock_holders: None,
             }),
         );
         o.now = Millis(11_000);

@@ -208,6 +208,9 @@ pub fn cn_healthy(obs: &Observation, pod: &str, version: &str) -> Gate {
 pub fn proxy_healthy(obs: &Observation, pod: &str, version: &str) -> Gate {
     let p = obs.pod(pod).ok_or_else(|| format!("{pod} has no pod"))?;
     pod_on_version(p, version)?;
+    if !p.serving {
+        return Err(format!("{pod} is out of its Service"));
+    }
     match obs.proxy_routes.get(pod) {
         Some(Ok(n)) if *n > 0 => Ok(()),
         Some(Ok(_)) => Err(format!("{pod} has no Working CN to route to")),
@@ -218,17 +221,27 @@ pub fn proxy_healthy(obs: &Observation, pod: &str, version: &str) -> Gate {
 
 /// At least one proxy other than `except` can route new sessions.
 pub fn other_proxy_routes(obs: &Observation, except: Option<&str>) -> Gate {
+    other_proxy_routes_excluding(obs, except.as_slice())
+}
+
+/// At least one proxy not in `except` can route new sessions.
+pub fn other_proxy_routes_excluding(obs: &Observation, except: &[&str]) -> Gate {
     // A proxy on its way out (deleted, or evicted a moment ago) routes nothing new, however
     // long its process still runs.
     let ok = obs.proxy_routes.iter().any(|(p, r)| {
-        Some(p.as_str()) != except
+        !except.contains(&p.as_str())
             && matches!(r, Ok(n) if *n > 0)
-            && obs.pod(p).is_some_and(|pod| !pod.terminating && pod.ready)
+            && obs
+                .pod(p)
+                .is_some_and(|pod| !pod.terminating && pod.ready && pod.serving)
     });
     if ok {
         Ok(())
     } else {
-        Err("no other proxy (Ready, not terminating) can route to a Working CN".into())
+        Err(
+            "no other proxy (Ready, in its Service, not terminating) can route to a Working CN"
+                .into(),
+        )
     }
 }
 

@@ -68,6 +68,15 @@ pub struct PodObservation {
     /// For CN pods: the UUID derived from the pod's DNS name.
     pub cn_uuid: Option<String>,
     pub pool_phase: Option<PoolPhase>,
+    /// For proxy pods: selected by its Service, so new client connections reach it. The
+    /// operator takes a proxy out before stopping it: the kernel's proxy closes every
+    /// connection at once when it stops (v1.2.4 `proxy/server.go` `Server.Close`).
+    #[serde(default = "in_service")]
+    pub serving: bool,
+}
+
+fn in_service() -> bool {
+    true
 }
 
 /// A CN as HAKeeper knows it.
@@ -162,6 +171,11 @@ pub struct CnActivity {
     /// CN only while one of them hands its lock tables over.
     #[serde(default)]
     pub oldest_txn: OldestTxn,
+    /// For a draining CN: how many transactions holding a lock in its own lock tables some
+    /// running CN still runs (its GetLockInfo holders against every CN's GetTxnInfo). `None`
+    /// when not read, or when any running CN's transaction list was not read.
+    #[serde(default)]
+    pub live_lock_holders: Option<u32>,
 }
 
 /// What a CN's GetTxnInfo said about the transactions it runs.
@@ -231,6 +245,9 @@ pub struct KernelView {
     pub cn_activity: BTreeMap<String, Result<CnActivity, ObservationError>>,
     /// Per proxy pod name.
     pub proxy_routes: BTreeMap<String, Result<u32, ObservationError>>,
+    /// Per proxy pod name: its client connections (see [`Observation::proxy_connections`]).
+    #[serde(default)]
+    pub proxy_connections: BTreeMap<String, Result<u32, ObservationError>>,
     pub tn_wal_tolerance: Option<Millis>,
 }
 
@@ -242,6 +259,7 @@ impl KernelView {
             lock_allocator: Err(error),
             cn_activity: BTreeMap::new(),
             proxy_routes: BTreeMap::new(),
+            proxy_connections: BTreeMap::new(),
             tn_wal_tolerance: None,
         }
     }
@@ -258,6 +276,11 @@ pub struct Observation {
     pub cn_activity: BTreeMap<String, Result<CnActivity, ObservationError>>,
     /// Per proxy pod: how many Working CNs it can route new sessions to.
     pub proxy_routes: BTreeMap<String, Result<u32, ObservationError>>,
+    /// Per proxy pod: the client sessions it carries, counted on every CN's query service
+    /// (ShowProcessList's `ProxyHost`). Any CN unread makes the count an error: a proxy's
+    /// connections are never judged gone from a partial look.
+    #[serde(default)]
+    pub proxy_connections: BTreeMap<String, Result<u32, ObservationError>>,
     /// Images present on each node (`node.status.images`).
     pub node_images: BTreeMap<String, Vec<String>>,
     /// Nodes new pods cannot go to (cordoned or not Ready).

@@ -32,6 +32,14 @@ pub enum Step {
         pod: String,
         uid: String,
     },
+    /// A proxy out of its Service, waiting for its clients to leave before it stops: the
+    /// kernel's proxy closes its connections at once, cutting the transactions on them.
+    DrainProxy {
+        pod: String,
+        uid: String,
+        since: Millis,
+        sent_at: Millis,
+    },
     Restart {
         pod: String,
         old_uid: String,
@@ -102,6 +110,12 @@ pub struct RolloutTiming {
     pub tn_wal_tolerance: Millis,
     pub pre_pull: bool,
     pub resend_after: Millis,
+    /// A proxy out of its Service is counted only after this: until the Service's endpoints
+    /// and every node's forwarding have followed the label, a new connection can still land.
+    pub endpoints_settle: Millis,
+    /// A proxy whose clients have not all left this long after it went out of its Service
+    /// halts the rollout (it is never stopped with connections on it).
+    pub proxy_drain_grace: Millis,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -197,6 +211,14 @@ impl Rollout {
         match (self.rolling_back, self.component()) {
             (true, Some(c)) => self.previous.get(&c).cloned().unwrap_or_default(),
             _ => self.target.clone(),
+        }
+    }
+
+    /// The proxy instance the running rollout keeps out of its Service, if any.
+    pub fn proxy_out_of_service(&self) -> Option<(&str, &str)> {
+        match (&self.status, &self.step) {
+            (RolloutStatus::Running, Step::DrainProxy { pod, uid, .. }) => Some((pod, uid)),
+            _ => None,
         }
     }
 
@@ -342,6 +364,22 @@ impl Rollout {
                     None => self.step = Step::NextPod,
                 }
             }
+            Step::DrainProxy {
+                pod,
+                uid,
+                since,
+                sent_at,
+            } => self.drain_proxy(
+                obs,
+                timing,
+                &pod,
+                &uid,
+                since,
+                sent_at,
+                &version,
+                actions,
+                &mut report,
+            ),
             Step::Restart {
                 pod,
                 old_uid,
@@ -632,6 +670,25 @@ impl Rollout {
                     .map(|t| t.start_epoch);
                 self.restart(obs, &pod.name, &pod.uid, epoch, version, actions);
             }
+            Component::Proxy if obs.pods_of(Component::Proxy).count() > 1 => {
+                actions.push(Action::SetProxyServing {
+                    pod: pod.name.clone(),
+                    uid: pod.uid.clone(),
+                    serving: false,
+                });
+                self.progress(
+                    now,
+                    Step::DrainProxy {
+                        pod: pod.name.clone(),
+                        uid: pod.uid.clone(),
+                        since: now,
+                        sent_at: now,
+                    },
+                );
+                self.wait(format!("taking {} out of its Service", pod.name));
+            }
+            // The only proxy: no other place for its clients. Its restart cuts what runs on
+            // its connections, which no order of steps avoids on the stock kernel.
             Component::Proxy => self.restart(obs, &pod.name, &pod.uid, None, version, actions),
         }
     }
@@ -659,6 +716,84 @@ impl Rollout {
                 sent_at: obs.now,
             },
         );
+    }
+
+    /// Out of its Service, a proxy stops only once no client connection is left on it, read
+    /// from every CN. Another proxy must route meanwhile, or it goes back into service.
+    #[allow(clippy::too_many_arguments)]
+    fn drain_proxy(
+        &mut self,
+        obs: &Observation,
+        timing: &RolloutTiming,
+        pod: &str,
+        uid: &str,
+        since: Millis,
+        sent_at: Millis,
+        version: &str,
+        actions: &mut Vec<Action>,
+        report: &mut StepReport,
+    ) {
+        let now = obs.now;
+        let Some(p) = obs.pod(pod).filter(|p| p.uid == uid && !p.terminating) else {
+            // Replaced or stopped by someone else: start that pod over.
+            self.progress(now, Step::NextPod);
+            return;
+        };
+        if let Err(e) = gates::other_proxy_routes(obs, Some(pod)) {
+            actions.push(Action::SetProxyServing {
+                pod: pod.to_string(),
+                uid: uid.to_string(),
+                serving: true,
+            });
+            self.step = Step::NextPod;
+            self.wait(format!("{pod} back in its Service: {e}"));
+            return;
+        }
+        if p.serving {
+            if now - sent_at >= timing.resend_after {
+                actions.push(Action::SetProxyServing {
+                    pod: pod.to_string(),
+                    uid: uid.to_string(),
+                    serving: false,
+                });
+                self.step = Step::DrainProxy {
+                    pod: pod.to_string(),
+                    uid: uid.to_string(),
+                    since,
+                    sent_at: now,
+                };
+            }
+            self.wait(format!("taking {pod} out of its Service"));
+            return;
+        }
+        if now - since < timing.endpoints_settle {
+            self.wait(format!(
+                "{pod} out of its Service; waiting for the endpoints to follow"
+            ));
+            return;
+        }
+        let left = match obs.proxy_connections.get(pod) {
+            Some(Ok(0)) => {
+                self.restart(obs, pod, uid, None, version, actions);
+                return;
+            }
+            Some(Ok(n)) => format!("{pod} still carries {n} client connections"),
+            Some(Err(e)) => format!("cannot count {pod}'s client connections: {e}"),
+            None => format!("no count of {pod}'s client connections"),
+        };
+        if now - since >= timing.proxy_drain_grace {
+            let reason = format!(
+                "{left} {} after it left its Service (grace {}): it is not stopped with connections on it",
+                format_duration(now - since),
+                format_duration(timing.proxy_drain_grace)
+            );
+            self.status = RolloutStatus::Halted {
+                reason: reason.clone(),
+            };
+            report.halted = Some(reason);
+            return;
+        }
+        self.wait(format!("{left}; waiting for its clients to leave"));
     }
 
     fn finish_phase(

@@ -48,6 +48,14 @@ pub struct SafeConfig {
     /// The proxies' CN-list refresh interval (kernel `cluster.refresh-interval`).
     #[serde(with = "human")]
     pub route_refresh: Millis,
+    /// How long a proxy out of its Service may wait for its clients to leave before the
+    /// rollout halts (it is never stopped with connections on it).
+    #[serde(with = "human")]
+    pub proxy_drain_grace: Millis,
+    /// How long the Service's endpoints take to follow a proxy's label (its connections are
+    /// counted only after that).
+    #[serde(with = "human")]
+    pub endpoints_settle: Millis,
 }
 
 impl Default for SafeConfig {
@@ -64,6 +72,8 @@ impl Default for SafeConfig {
             resend_after: Millis::from_secs(5),
             handover_wedge_after: Millis::from_secs(10),
             route_refresh: Millis::from_secs(5),
+            proxy_drain_grace: Millis::from_mins(5),
+            endpoints_settle: Millis::from_secs(5),
         }
     }
 }
@@ -88,6 +98,8 @@ impl SafeConfig {
             tn_wal_tolerance: self.tn_wal_tolerance,
             pre_pull: self.pre_pull,
             resend_after: self.resend_after,
+            proxy_drain_grace: self.proxy_drain_grace,
+            endpoints_settle: self.endpoints_settle,
         }
     }
 }
@@ -98,9 +110,23 @@ pub struct ProgressRecord {
     pub format: u32,
     pub rollout: Option<Rollout>,
     pub drains: Vec<Drain>,
+    /// Proxies an evictor asked for: out of their Service while it keeps asking, so their
+    /// clients leave before the eviction is allowed.
+    #[serde(default)]
+    pub proxy_evictions: Vec<ProxyEviction>,
     /// Set when a persisted record could not be read: the policy then acts on nothing it
     /// would have needed the record for, and says so.
     pub unreadable: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyEviction {
+    pub pod: String,
+    pub uid: String,
+    pub last_request_at: Millis,
+    /// When it was first seen out of its Service.
+    #[serde(default)]
+    pub out_since: Option<Millis>,
 }
 
 pub const RECORD_FORMAT: u32 = 1;
@@ -114,6 +140,9 @@ pub struct SafePolicy {
     persisted: std::cell::RefCell<Option<(ProgressRecord, String)>>,
     /// Last hold reported per subject, to report changes only (not persisted).
     reported: BTreeMap<String, String>,
+    /// When a proxy's Service membership was last asked to change (not persisted: resent
+    /// after a restart, the change is idempotent).
+    serving_sent: BTreeMap<String, Millis>,
 }
 
 impl SafePolicy {
@@ -125,6 +154,7 @@ impl SafePolicy {
                 ..ProgressRecord::default()
             },
             reported: BTreeMap::new(),
+            serving_sent: BTreeMap::new(),
             persisted: std::cell::RefCell::new(None),
         }
     }
@@ -223,6 +253,64 @@ impl SafePolicy {
                 },
                 obs.now,
             ));
+        }
+    }
+
+    /// Only a proxy the rollout drains, or one an evictor keeps asking for (while another
+    /// routes), is out of its Service; every other goes back in (a halted rollout, an evictor
+    /// that gave up, an operator restart between the two).
+    fn keep_proxies_in_service(&mut self, obs: &Observation, actions: &mut Vec<Action>) {
+        let abandon = self.config.eviction_abandon;
+        self.record.proxy_evictions.retain(|e| {
+            obs.now - e.last_request_at < abandon && obs.pod(&e.pod).is_some_and(|p| p.uid == e.uid)
+        });
+        for e in &mut self.record.proxy_evictions {
+            let out = obs.pod(&e.pod).is_some_and(|p| !p.serving);
+            e.out_since = match (out, e.out_since) {
+                (true, None) => Some(obs.now),
+                (true, since) => since,
+                (false, _) => None,
+            };
+        }
+        let drained = self
+            .record
+            .rollout
+            .as_ref()
+            .and_then(|r| r.proxy_out_of_service());
+        // Proxies decided out this tick: two evicted in the same instant never both go out.
+        let mut out: Vec<&str> = drained.map(|(pod, _)| pod).into_iter().collect();
+        for pod in obs.pods_of(Component::Proxy).filter(|p| !p.terminating) {
+            if drained == Some((pod.name.as_str(), pod.uid.as_str())) {
+                continue;
+            }
+            let evicted = self
+                .record
+                .proxy_evictions
+                .iter()
+                .any(|e| e.pod == pod.name && e.uid == pod.uid);
+            let mut without_me = out.clone();
+            without_me.push(&pod.name);
+            let serving =
+                !(evicted && gates::other_proxy_routes_excluding(obs, &without_me).is_ok());
+            if !serving {
+                out.push(&pod.name);
+            }
+            if pod.serving == serving {
+                self.serving_sent.remove(&pod.name);
+                continue;
+            }
+            let due = self
+                .serving_sent
+                .get(&pod.name)
+                .is_none_or(|t| obs.now - *t >= self.config.resend_after);
+            if due {
+                self.serving_sent.insert(pod.name.clone(), obs.now);
+                actions.push(Action::SetProxyServing {
+                    pod: pod.name.clone(),
+                    uid: pod.uid.clone(),
+                    serving,
+                });
+            }
         }
     }
 
@@ -364,8 +452,16 @@ impl Policy for SafePolicy {
             let newer = owned
                 .iter()
                 .any(|(pod, uid)| *pod == d.pod && *uid != d.pod_uid);
+            // Its pod replaced, and the new pod's own drain has it: two drains never act on
+            // one instance (one returning it to Working while the other drains it).
+            let replaced = obs.pod(&d.pod).is_some_and(|p| {
+                p.uid != d.pod_uid
+                    && owned
+                        .iter()
+                        .any(|(pod, uid)| *pod == d.pod && *uid == p.uid)
+            });
             if newer {
-                d.hand_off(obs.now);
+                d.hand_off(replaced, obs.now);
             }
         }
         let timing = self.config.drain_timing();
@@ -428,6 +524,7 @@ impl Policy for SafePolicy {
             });
         }
         self.upgrade(obs, &mut actions, &mut notes);
+        self.keep_proxies_in_service(obs, &mut actions);
         let holds: Vec<(String, String, bool)> = self
             .record
             .drains
@@ -545,17 +642,63 @@ impl Policy for SafePolicy {
                 ),
             },
             Component::Proxy => {
-                // Its connections close after their transaction: only while commits flow, or
-                // a COMMIT stuck behind a LOG outage would be cut.
+                // A stopping proxy closes every connection at once, so it leaves only out of
+                // its Service, with no client left on it, while commits flow (a COMMIT stuck
+                // behind a LOG outage would be cut) and another proxy routes.
+                let name = pod.name.clone();
+                let uid = pod.uid.clone();
                 let commits_flow = obs
                     .hakeeper
                     .as_ref()
                     .map_err(|e| format!("cannot read HAKeeper: {e}"))
                     .and_then(gates::wal_writable);
-                match commits_flow.and_then(|()| gates::other_proxy_routes(obs, Some(&pod.name))) {
-                    Ok(()) => EvictionVerdict::Allow,
-                    Err(e) => EvictionVerdict::Deny {
-                        reason: format!("evicting {} now could cut connections: {e}", pod.name),
+                if let Err(e) =
+                    commits_flow.and_then(|()| gates::other_proxy_routes(obs, Some(&name)))
+                {
+                    return EvictionVerdict::Deny {
+                        reason: format!("evicting {name} now could cut connections: {e}"),
+                    };
+                }
+                match self
+                    .record
+                    .proxy_evictions
+                    .iter_mut()
+                    .find(|e| e.pod == name && e.uid == uid)
+                {
+                    Some(e) => e.last_request_at = obs.now,
+                    None => self.record.proxy_evictions.push(ProxyEviction {
+                        pod: name.clone(),
+                        uid: uid.clone(),
+                        last_request_at: obs.now,
+                        out_since: None,
+                    }),
+                }
+                let settled = self
+                    .record
+                    .proxy_evictions
+                    .iter()
+                    .find(|e| e.pod == name && e.uid == uid)
+                    .and_then(|e| e.out_since)
+                    .is_some_and(|t| obs.now - t >= self.config.endpoints_settle);
+                if pod.serving || !settled {
+                    return EvictionVerdict::Deny {
+                        reason: format!(
+                            "{name} is being taken out of its Service so its clients leave first; retry"
+                        ),
+                    };
+                }
+                match obs.proxy_connections.get(&name) {
+                    Some(Ok(0)) => EvictionVerdict::Allow,
+                    Some(Ok(n)) => EvictionVerdict::Deny {
+                        reason: format!(
+                            "{name} still carries {n} client connections (its stop would close them at once); retry"
+                        ),
+                    },
+                    Some(Err(e)) => EvictionVerdict::Deny {
+                        reason: format!("cannot count {name}'s client connections: {e}"),
+                    },
+                    None => EvictionVerdict::Deny {
+                        reason: format!("no count of {name}'s client connections"),
                     },
                 }
             }

@@ -2,6 +2,7 @@
 //! rollback, TN tolerance, evictions, and resuming from every progress record.
 
 use mo_core::gates;
+use mo_core::rollout::RolloutStatus;
 use mo_core::*;
 use std::collections::BTreeMap;
 
@@ -19,6 +20,7 @@ fn pod(name: &str, component: Component, version: &str, uid: &str) -> PodObserva
         started_at: Some(Millis(0)),
         cn_uuid: (component == Component::Cn).then(|| format!("uuid-{name}")),
         pool_phase: None,
+        serving: true,
     }
 }
 
@@ -103,6 +105,10 @@ fn cluster(version: &str) -> Observation {
         proxy_routes: BTreeMap::from([
             ("proxy-0".to_string(), Ok(2)),
             ("proxy-1".to_string(), Ok(2)),
+        ]),
+        proxy_connections: BTreeMap::from([
+            ("proxy-0".to_string(), Ok(3)),
+            ("proxy-1".to_string(), Ok(3)),
         ]),
         node_images: nodes,
         unschedulable_nodes: vec![],
@@ -239,7 +245,27 @@ fn decide(p: &mut SafePolicy, o: &Observation) -> Decision {
     })
 }
 
-/// A proxy-first upgrade whose first decision restarts proxy-0 onto v2.
+/// The world's answer to `SetProxyServing`: the label changes, and a proxy out of its Service
+/// is left by its clients.
+fn follow_proxy_drains(o: &mut Observation, d: &Decision) {
+    for a in &d.actions {
+        if let Action::SetProxyServing { pod, serving, .. } = a {
+            proxy_mut(o, pod).serving = *serving;
+            o.proxy_connections
+                .insert(pod.clone(), Ok(if *serving { 3 } else { 0 }));
+        }
+    }
+}
+
+fn proxy_mut<'a>(o: &'a mut Observation, name: &str) -> &'a mut PodObservation {
+    o.pods
+        .iter_mut()
+        .find(|p| p.name == name)
+        .expect("proxy pod")
+}
+
+/// A proxy-first upgrade that takes proxy-0 out of its Service, waits for its clients to
+/// leave, then restarts it onto v2.
 fn proxy_first_upgrade(config: SafeConfig) -> (SafePolicy, Observation) {
     let mut p = SafePolicy::new(config);
     let mut o = cluster("v1");
@@ -248,12 +274,100 @@ fn proxy_first_upgrade(config: SafeConfig) -> (SafePolicy, Observation) {
         r#"{"proxy":[],"log":["proxy"],"tn":["log"],"cn":["tn"]}"#,
     );
     let d = decide(&mut p, &o);
+    let unroute = Action::SetProxyServing {
+        pod: "proxy-0".into(),
+        uid: "u-px-0".into(),
+        serving: false,
+    };
+    assert_eq!(d.actions, vec![unroute]);
+    proxy_mut(&mut o, "proxy-0").serving = false;
+    o.now += Millis::from_secs(1);
+    let d = decide(&mut p, &o);
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    // No client left, but the Service's endpoints may not have followed yet.
+    o.proxy_connections.insert("proxy-0".into(), Ok(0));
+    o.now += Millis::from_secs(1);
+    let d = decide(&mut p, &o);
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    o.now += SafeConfig::default().endpoints_settle;
+    let d = decide(&mut p, &o);
     assert!(d.actions.contains(&Action::RestartPod {
         pod: "proxy-0".into(),
         uid: "u-px-0".into(),
         version: "v2".into()
     }));
+    // The recreated pod starts in its Service, from its template.
+    proxy_mut(&mut o, "proxy-0").serving = true;
+    o.proxy_connections.insert("proxy-0".into(), Ok(3));
     (p, o)
+}
+
+#[test]
+fn a_proxy_stops_only_out_of_its_service_with_no_client_left_and_never_past_its_grace() {
+    let config = SafeConfig::default();
+    let grace = config.proxy_drain_grace;
+    let mut p = SafePolicy::new(config);
+    let mut o = cluster("v1");
+    upgrade(
+        &mut o,
+        r#"{"proxy":[],"log":["proxy"],"tn":["log"],"cn":["tn"]}"#,
+    );
+    decide(&mut p, &o);
+    proxy_mut(&mut o, "proxy-0").serving = false;
+    let start = o.now;
+    // Connections left, or a count that cannot be read: it waits, and says why.
+    for reading in [
+        Ok(2),
+        Err(ObservationError::Timeout("cn-1 query service".into())),
+    ] {
+        o.proxy_connections.insert("proxy-0".into(), reading);
+        o.now += Millis::from_secs(30);
+        let d = decide(&mut p, &o);
+        assert!(
+            !d.actions
+                .iter()
+                .any(|a| matches!(a, Action::RestartPod { .. })),
+            "{:?}",
+            d.actions
+        );
+    }
+    assert!(
+        p.holds().iter().any(|(_, h)| h.contains("proxy-0")),
+        "{:?}",
+        p.holds()
+    );
+    // The other proxy stops routing: proxy-0 goes back into its Service at once.
+    let mut alone = o.clone();
+    alone.proxy_routes.insert("proxy-1".into(), Ok(0));
+    let mut q = SafePolicy::resume(
+        SafeConfig::default(),
+        &serde_json::to_string(p.record()).unwrap(),
+    );
+    let d = decide(&mut q, &alone);
+    assert!(d.actions.contains(&Action::SetProxyServing {
+        pod: "proxy-0".into(),
+        uid: "u-px-0".into(),
+        serving: true,
+    }));
+    // Past the grace with a client still on it: the rollout halts, the proxy is not stopped
+    // and goes back into its Service.
+    o.proxy_connections.insert("proxy-0".into(), Ok(1));
+    o.now = start + grace;
+    let d = decide(&mut p, &o);
+    assert!(
+        !d.actions
+            .iter()
+            .any(|a| matches!(a, Action::RestartPod { .. }))
+    );
+    assert!(matches!(
+        p.record().rollout.as_ref().unwrap().status,
+        RolloutStatus::Halted { .. }
+    ));
+    assert!(d.actions.contains(&Action::SetProxyServing {
+        pod: "proxy-0".into(),
+        uid: "u-px-0".into(),
+        serving: true,
+    }));
 }
 
 const LOG_FIRST: &str = r#"{"log":[],"tn":["log"],"cn":["tn"],"proxy":["cn"]}"#;
@@ -543,6 +657,7 @@ fn rollback_restores_the_phase_through_the_same_gates() {
     for t in 1..(config.stall_timeout.0 / 1000 + 30) {
         o.now = Millis::from_secs(100 + t);
         let d = decide(&mut p, &o);
+        follow_proxy_drains(&mut o, &d);
         if let Some(a) = d
             .actions
             .iter()
@@ -589,10 +704,49 @@ fn cn_evictions_start_a_drain_and_log_tn_evictions_follow_the_gates() {
         p.review_eviction(&o, &req("tn-0", "u-tn")),
         EvictionVerdict::Deny { .. }
     ));
-    assert_eq!(
+    // A proxy with clients: out of its Service first, evicted once none is left on it.
+    assert!(matches!(
         p.review_eviction(&o, &req("proxy-1", "u-px-1")),
+        EvictionVerdict::Deny { .. }
+    ));
+    let d = decide(&mut p, &o);
+    assert!(d.actions.contains(&Action::SetProxyServing {
+        pod: "proxy-1".into(),
+        uid: "u-px-1".into(),
+        serving: false,
+    }));
+    let mut out = o.clone();
+    proxy_mut(&mut out, "proxy-1").serving = false;
+    assert!(matches!(
+        p.review_eviction(&out, &req("proxy-1", "u-px-1")),
+        EvictionVerdict::Deny { .. }
+    ));
+    out.proxy_connections.insert("proxy-1".into(), Ok(0));
+    decide(&mut p, &out);
+    // Counted only once the endpoints had time to follow the label.
+    assert!(matches!(
+        p.review_eviction(&out, &req("proxy-1", "u-px-1")),
+        EvictionVerdict::Deny { .. }
+    ));
+    out.now += SafeConfig::default().endpoints_settle;
+    assert_eq!(
+        p.review_eviction(&out, &req("proxy-1", "u-px-1")),
         EvictionVerdict::Allow
     );
+    // Out of its Service, proxy-1 is no route for proxy-0's eviction.
+    assert!(matches!(
+        p.review_eviction(&out, &req("proxy-0", "u-px-0")),
+        EvictionVerdict::Deny { .. }
+    ));
+    // An evictor that gives up: the proxy goes back into its Service.
+    out.now += SafeConfig::default().eviction_abandon;
+    out.proxy_connections.insert("proxy-1".into(), Ok(3));
+    let d = decide(&mut p, &out);
+    assert!(d.actions.contains(&Action::SetProxyServing {
+        pod: "proxy-1".into(),
+        uid: "u-px-1".into(),
+        serving: true,
+    }));
     let mut lagging = o.clone();
     lagging.hakeeper.as_mut().unwrap().log_shards[0] = shard(0, "log-0", &[true, false, true]);
     assert!(matches!(
@@ -638,9 +792,10 @@ fn a_pod_replaced_on_the_old_version_is_restarted_again_not_waited_on() {
     o.pods
         .push(pod("proxy-0", Component::Proxy, "v1", "u-px-0-other"));
     let mut again = None;
-    for t in 1..5 {
+    for t in 1..15 {
         o.now = Millis::from_secs(100 + t);
         let d = decide(&mut p, &o);
+        follow_proxy_drains(&mut o, &d);
         if let Some(a) = d
             .actions
             .into_iter()
@@ -853,5 +1008,83 @@ fn two_lock_owners_never_hand_over_at_once() {
         sent.into_iter().collect::<Vec<_>>(),
         vec!["uuid-cn-0".to_string()],
         "only the first hands over"
+    );
+}
+
+/// A CN drained for its restart is deleted by someone else and recreated, and an evictor asks
+/// for the new pod: the new pod's drain owns it. The old drain ends instead of returning the
+/// new instance to Working under it (found by `campaign --seeds 10000`, seed 3504: the new
+/// instance was set Working while the eviction drain's hand-over made it refuse new writes).
+#[test]
+fn a_drain_whose_pod_was_replaced_leaves_the_new_instance_to_the_new_pods_drain() {
+    let mut p = SafePolicy::new(SafeConfig::default());
+    let mut o = cluster("v1");
+    upgrade(
+        &mut o,
+        r#"{"cn":[],"log":["cn"],"tn":["log"],"proxy":["tn"]}"#,
+    );
+    decide(&mut p, &o);
+    o.now += Millis::from_secs(1);
+    let d = decide(&mut p, &o);
+    assert!(
+        d.actions.contains(&Action::SetCnWorkState {
+            uuid: "uuid-cn-0".into(),
+            state: WorkState::Draining
+        }),
+        "{:?} {:?}",
+        d.actions,
+        p.holds()
+    );
+    o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Draining;
+    o.cn_activity.insert(
+        "cn-0".into(),
+        Ok(CnActivity {
+            sessions: 2,
+            ..CnActivity::default()
+        }),
+    );
+    o.now += Millis::from_secs(1);
+    decide(&mut p, &o);
+    // Deleted by hand and recreated: a new pod, whose instance HAKeeper has heard from, with
+    // the kept record's Draining mark.
+    o.pods.retain(|x| x.name != "cn-0");
+    let mut new = pod("cn-0", Component::Cn, "v1", "u-cn-0b");
+    new.started_at = Some(o.now);
+    o.pods.push(new);
+    o.cn_activity
+        .insert("cn-0".into(), Ok(CnActivity::default()));
+    o.now += Millis::from_secs(5);
+    let verdict = p.review_eviction(
+        &o,
+        &EvictionRequest {
+            pod: "cn-0".into(),
+            uid: "u-cn-0b".into(),
+            source: "consolidation-agent".into(),
+        },
+    );
+    assert!(matches!(verdict, EvictionVerdict::Deny { .. }));
+    for _ in 0..3 {
+        o.now += Millis::from_secs(1);
+        let d = decide(&mut p, &o);
+        assert!(
+            !d.actions.contains(&Action::SetCnWorkState {
+                uuid: "uuid-cn-0".into(),
+                state: WorkState::Working
+            }),
+            "the new instance was returned to Working under its eviction drain"
+        );
+    }
+    let old = p
+        .record()
+        .drains
+        .iter()
+        .find(|d| d.pod_uid == "u-cn-0")
+        .expect("the old drain is kept");
+    assert!(!old.is_active(), "{old:?}");
+    assert!(
+        p.record()
+            .drains
+            .iter()
+            .any(|d| d.pod_uid == "u-cn-0b" && d.is_active())
     );
 }

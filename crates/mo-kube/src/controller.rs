@@ -422,7 +422,12 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
         match &result {
             Ok(_) => {
                 tracing::info!(cluster = %name, action = ?action, "carried out");
-                if matches!(action, Action::DeletePod { .. } | Action::RestartPod { .. }) {
+                if matches!(
+                    action,
+                    Action::DeletePod { .. }
+                        | Action::RestartPod { .. }
+                        | Action::SetProxyServing { .. }
+                ) {
                     ctx.event(&cluster, EventType::Normal, kind, describe_action(&action))
                         .await;
                 }
@@ -767,6 +772,21 @@ async fn execute(
                 .map(|_| ActionOutput::Done)
                 .map_err(|e| delete_error(pod, e))
         }
+        Action::SetProxyServing { pod, uid, serving } => {
+            // Merge patch guarded by the UID: a recreated pod is never relabelled by mistake
+            // (it starts in its Service from the template).
+            let patch = serde_json::json!({
+                "metadata": {
+                    "uid": uid,
+                    "labels": { resources::LABEL_SERVING: if *serving { "true" } else { "false" } },
+                }
+            });
+            pod_api
+                .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map(|_| ActionOutput::Done)
+                .map_err(|e| delete_error(pod, e))
+        }
         Action::PrePullImage { node, version } => {
             let pod = resources::prepull_pod(cluster, node, version);
             match pod_api.create(&PostParams::default(), &pod).await {
@@ -791,6 +811,7 @@ fn action_kind(action: &Action) -> &'static str {
         Action::DeletePod { .. } => "DeletePod",
         Action::RestartPod { .. } => "RestartPod",
         Action::PrePullImage { .. } => "PrePullImage",
+        Action::SetProxyServing { .. } => "SetProxyServing",
         Action::TransferLogLeader { .. } => "TransferLogLeader",
         Action::SetTnWalTolerance { .. } => "SetTnWalTolerance",
         Action::BeginDrain { .. } => "BeginDrain",
@@ -805,6 +826,13 @@ fn describe_action(action: &Action) -> String {
         }
         Action::RestartPod { pod, uid, version } => {
             format!("restarting pod {pod} (uid {uid}) on version {version}")
+        }
+        Action::SetProxyServing { pod, serving, .. } => {
+            if *serving {
+                format!("putting proxy {pod} back in the SQL Service")
+            } else {
+                format!("taking proxy {pod} out of the SQL Service until its clients have left")
+            }
         }
         other => format!("{other:?}"),
     }

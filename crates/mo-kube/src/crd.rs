@@ -395,6 +395,17 @@ pub struct UpgradeSettings {
     /// Pull the new image onto every node before restarting anything.
     #[serde(default = "yes")]
     pub pre_pull: bool,
+    /// How long a proxy taken out of the SQL Service may wait for its clients to close their
+    /// connections before the rollout halts (the kernel's proxy closes every connection at once
+    /// when it stops: it is never stopped with one on it). Set it above your connection pools'
+    /// maximum connection lifetime.
+    #[serde(default = "default_proxy_drain_grace")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub proxy_drain_grace: String,
+}
+
+fn default_proxy_drain_grace() -> String {
+    "5m".into()
 }
 
 impl Default for UpgradeSettings {
@@ -406,6 +417,7 @@ impl Default for UpgradeSettings {
             on_stall: OnStallSpec::Halt,
             tn_wal_tolerance: default_tn_tolerance(),
             pre_pull: true,
+            proxy_drain_grace: default_proxy_drain_grace(),
         }
     }
 }
@@ -614,6 +626,7 @@ impl MatrixOneClusterSpec {
             },
             tn_wal_tolerance: d("upgrade.tnWalTolerance", &self.upgrade.tn_wal_tolerance)?,
             pre_pull: self.upgrade.pre_pull,
+            proxy_drain_grace: d("upgrade.proxyDrainGrace", &self.upgrade.proxy_drain_grace)?,
             eviction_abandon: d("drain.evictionAbandon", &self.drain.eviction_abandon)?,
             drain_alarm: d("drain.alarmAfter", &self.drain.alarm_after)?,
             ..SafeConfig::default()

@@ -336,12 +336,98 @@ pub fn client_sessions(sessions: &[mo_rpc::pb::status::Session]) -> u32 {
     sessions.iter().filter(|s| !internal(&s.user)).count() as u32
 }
 
+/// The proxy address (`ip:port` as the CN sees it) of each client session that came
+/// through a proxy.
+pub fn client_proxy_hosts(sessions: &[mo_rpc::pb::status::Session]) -> Vec<String> {
+    let internal = |user: &str| user == "mo_logger" || is_uuid(user);
+    sessions
+        .iter()
+        .filter(|s| s.from_proxy && !internal(&s.user))
+        .map(|s| s.proxy_host.clone())
+        .collect()
+}
+
+/// Client connections of each proxy pod, counted from every running CN's process list by the
+/// proxy's pod IP. Any running CN unread leaves every count unknown; a session from an address
+/// no proxy pod has counts for every proxy (the count is never low, only high). The proxy's
+/// own metric cannot serve instead: v1.2.4 `pkg/proxy/handler.go` `handle` increments
+/// `mo_proxy_connect_counter{type="current"}` when a connection ends and never decrements it.
+pub fn proxy_connections(
+    pods: &[&Pod],
+    proxy_hosts: &BTreeMap<String, Result<Vec<String>, ObservationError>>,
+) -> BTreeMap<String, Result<u32, ObservationError>> {
+    let proxies: Vec<(&str, Option<&str>)> = pods
+        .iter()
+        .filter(|p| component_of(p) == Some(Component::Proxy))
+        .map(|p| (pod_name(p), pod_ip(p)))
+        .collect();
+    let running_cns = pods.iter().filter(|p| {
+        component_of(p) == Some(Component::Cn)
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    });
+    let mut hosts: Vec<&str> = Vec::new();
+    let mut unread: Option<ObservationError> = None;
+    for cn in running_cns {
+        match proxy_hosts.get(pod_name(cn)) {
+            Some(Ok(list)) => hosts.extend(list.iter().map(String::as_str)),
+            Some(Err(e)) => unread = Some(e.clone()),
+            None => {
+                unread = Some(ObservationError::Unavailable(format!(
+                    "CN {} has no query address in HAKeeper",
+                    pod_name(cn)
+                )))
+            }
+        }
+    }
+    let ip_of = |host: &str| {
+        host.rsplit_once(':')
+            .map_or(host, |(ip, _)| ip)
+            .trim_matches(['[', ']'])
+            .to_string()
+    };
+    let known: Vec<&str> = proxies.iter().filter_map(|(_, ip)| *ip).collect();
+    proxies
+        .iter()
+        .map(|(name, ip)| {
+            let count = match &unread {
+                Some(e) => Err(e.clone()),
+                None => Ok(hosts
+                    .iter()
+                    .filter(|h| {
+                        let host_ip = ip_of(h);
+                        Some(host_ip.as_str()) == *ip || !known.contains(&host_ip.as_str())
+                    })
+                    .count() as u32),
+            };
+            (name.to_string(), count)
+        })
+        .collect()
+}
+
 /// Locks some transaction holds or waits for, of a CN's GetLockInfo answer.
 pub fn locks_in_use(locks: &[mo_rpc::pb::query::LockInfo]) -> u32 {
     locks
         .iter()
         .filter(|l| !l.holders.is_empty() || !l.waiters.is_empty())
         .count() as u32
+}
+
+/// How many transactions holding a lock of a CN's GetLockInfo answer some CN still runs (by
+/// transaction id, against every running CN's GetTxnInfo answer).
+pub fn live_lock_holders(
+    locks: &[mo_rpc::pb::query::LockInfo],
+    running: &[&[mo_rpc::pb::query::TxnInfo]],
+) -> u32 {
+    let runs: std::collections::BTreeSet<&[u8]> = running
+        .iter()
+        .flat_map(|txns| txns.iter())
+        .filter_map(|t| t.meta.as_ref().map(|m| m.id.as_slice()))
+        .collect();
+    let holders: std::collections::BTreeSet<&[u8]> = locks
+        .iter()
+        .flat_map(|l| l.holders.iter().map(|h| h.txn_id.as_slice()))
+        .collect();
+    holders.iter().filter(|h| runs.contains(*h)).count() as u32
 }
 
 /// The oldest of a CN's GetTxnInfo answer; a transaction without its creation time is
@@ -555,16 +641,18 @@ impl KernelClients {
                 .collect()
         };
         let key: ClusterKey = (namespace.into(), cluster.into());
-        let (lock_allocator, cn_activity, tn_wal_tolerance) = futures::join!(
+        let (lock_allocator, (cn_activity, proxy_hosts), tn_wal_tolerance) = futures::join!(
             self.allocator_view(tn_address.as_deref(), &draining),
             self.cn_activity(&key, &cn_addresses),
             hakeeper.get_tn_wal_tolerance(),
         );
+        let proxy_connections = proxy_connections(&pods, &proxy_hosts);
         KernelView {
             hakeeper: Ok(details),
             lock_allocator,
             cn_activity,
             proxy_routes,
+            proxy_connections,
             // Not offered (a kernel without the extension) or not readable: the default.
             tn_wal_tolerance: tn_wal_tolerance.ok().flatten().map(Millis),
         }
@@ -639,7 +727,10 @@ impl KernelClients {
         &self,
         cluster: &ClusterKey,
         cns: &[CnEndpoint],
-    ) -> BTreeMap<String, Result<CnActivity, ObservationError>> {
+    ) -> (
+        BTreeMap<String, Result<CnActivity, ObservationError>>,
+        BTreeMap<String, Result<Vec<String>, ObservationError>>,
+    ) {
         let any_draining = cns.iter().any(|c| c.draining);
         let known_without: HashMap<String, String> = {
             let mut all = self
@@ -658,19 +749,16 @@ impl KernelClients {
             async move {
                 let locks = async {
                     if cn.draining {
-                        query.get_lock_info().await.ok().map(|l| locks_in_use(&l))
+                        query.get_lock_info().await.ok()
                     } else {
                         None
                     }
                 };
-                let oldest_txn = async {
+                let txns = async {
                     if any_draining {
-                        query
-                            .get_txn_info()
-                            .await
-                            .map_or(OldestTxn::NotRead, |t| oldest_txn(&t))
+                        query.get_txn_info().await.ok()
                     } else {
-                        OldestTxn::NotRead
+                        None
                     }
                 };
                 let replicas = async {
@@ -681,15 +769,21 @@ impl KernelClients {
                         None
                     }
                 };
-                let (sessions, pipelines, replicas, locks, oldest_txn) = futures::join!(
+                let (sessions, pipelines, replicas, lock_info, txns) = futures::join!(
                     query.show_process_list(),
                     query.get_pipeline_info(),
                     replicas,
                     locks,
-                    oldest_txn
+                    txns
                 );
+                let locks = lock_info.as_deref().map(locks_in_use);
+                let oldest_txn = txns.as_deref().map_or(OldestTxn::NotRead, oldest_txn);
                 let unsupported =
                     matches!(&replicas, Some(Err(e)) if e.kind() == ErrorKind::Unsupported);
+                let hosts = match &sessions {
+                    Ok(list) => Ok(client_proxy_hosts(list)),
+                    Err(e) => Err(observation_error(e)),
+                };
                 let activity = (|| {
                     Ok(CnActivity {
                         sessions: client_sessions(&sessions?),
@@ -697,27 +791,45 @@ impl KernelClients {
                         replicas: replicas.map_or(Ok(0), replica_count)?,
                         locks,
                         oldest_txn,
+                        live_lock_holders: None,
                     })
                 })()
                 .map_err(|e: RpcError| observation_error(&e));
-                (cn, unsupported, activity)
+                (cn, unsupported, activity, hosts, lock_info, txns)
             }
         }))
         .await;
+        // Every CN's transactions, if every one was read: a draining CN's lock holders are
+        // judged against them.
+        let live: BTreeMap<String, u32> = {
+            let running: Option<Vec<&[mo_rpc::pb::query::TxnInfo]>> =
+                results.iter().map(|r| r.5.as_deref()).collect();
+            results
+                .iter()
+                .filter_map(|(cn, _, _, _, locks, _)| {
+                    let count = live_lock_holders(locks.as_deref()?, running.as_deref()?);
+                    Some((cn.pod.clone(), count))
+                })
+                .collect()
+        };
         let mut all = self
             .without_replica_service
             .lock()
             .expect("replica service lock");
         let known = all.entry(cluster.clone()).or_default();
-        results
-            .into_iter()
-            .map(|(cn, unsupported, activity)| {
-                if let (true, Some(instance)) = (unsupported, &cn.instance) {
-                    known.insert(cn.query_address.clone(), instance.clone());
-                }
-                (cn.pod.clone(), activity)
-            })
-            .collect()
+        let mut activities = BTreeMap::new();
+        let mut hosts = BTreeMap::new();
+        for (cn, unsupported, mut activity, proxy_hosts, _, _) in results {
+            if let (true, Some(instance)) = (unsupported, &cn.instance) {
+                known.insert(cn.query_address.clone(), instance.clone());
+            }
+            if let Ok(a) = &mut activity {
+                a.live_lock_holders = live.get(&cn.pod).copied();
+            }
+            activities.insert(cn.pod.clone(), activity);
+            hosts.insert(cn.pod.clone(), proxy_hosts);
+        }
+        (activities, hosts)
     }
 
     /// A kernel call the core asked for.
@@ -773,11 +885,12 @@ impl KernelClients {
                 .map(|drain_id| ActionOutput::DrainId { drain_id })
                 .map_err(|e| action_error(&e)),
             Action::CancelDrain { drain_id } => done(allocator()?.cancel_drain(*drain_id).await),
-            Action::DeletePod { .. } | Action::RestartPod { .. } | Action::PrePullImage { .. } => {
-                Err(ActionError::Unsupported(
-                    "a Kubernetes action, not a kernel call".into(),
-                ))
-            }
+            Action::DeletePod { .. }
+            | Action::RestartPod { .. }
+            | Action::PrePullImage { .. }
+            | Action::SetProxyServing { .. } => Err(ActionError::Unsupported(
+                "a Kubernetes action, not a kernel call".into(),
+            )),
         }
     }
 }
@@ -824,6 +937,42 @@ mod tests {
         }
     }
 
+    /// A lock whose holder no CN runs (a leaked transaction) is not live; one that some CN
+    /// runs is, counted once however many locks it holds.
+    #[test]
+    fn only_holders_some_cn_runs_are_live() {
+        use mo_rpc::pb::lock::WaitTxn;
+        use mo_rpc::pb::query::{LockInfo, TxnInfo, TxnMetaId};
+        let holder = |id: u8| WaitTxn {
+            txn_id: vec![id; 16],
+            ..Default::default()
+        };
+        let locks = [
+            LockInfo {
+                holders: vec![holder(1), holder(2)],
+                ..Default::default()
+            },
+            LockInfo {
+                holders: vec![holder(2)],
+                ..Default::default()
+            },
+            LockInfo {
+                holders: vec![holder(3)],
+                ..Default::default()
+            },
+        ];
+        let txn = |id: u8| TxnInfo {
+            meta: Some(TxnMetaId { id: vec![id; 16] }),
+            ..Default::default()
+        };
+        let cn0 = [txn(2), txn(9)];
+        let cn1 = [txn(3)];
+        assert_eq!(live_lock_holders(&locks, &[&cn0, &cn1]), 2);
+        assert_eq!(live_lock_holders(&locks, &[&cn0]), 1);
+        assert_eq!(live_lock_holders(&locks, &[]), 0);
+        assert_eq!(live_lock_holders(&[], &[&cn0, &cn1]), 0);
+    }
+
     /// The sessions an idle v1.2.4 CN listed (the kernel's own users), and a client's.
     #[test]
     fn only_client_sessions_count() {
@@ -842,6 +991,72 @@ mod tests {
         busy.push(session("dump"));
         busy.push(session("app-73aab91c"));
         assert_eq!(client_sessions(&busy), 2);
+    }
+
+    /// A proxy's connections are counted by its pod IP on every running CN; a CN unread leaves
+    /// every count unknown, and a session from an address no proxy has counts for all.
+    #[test]
+    fn proxy_connections_are_counted_from_every_cn_and_never_too_low() {
+        let running = |mut p: Pod| {
+            p.status.as_mut().unwrap().phase = Some("Running".into());
+            p
+        };
+        let pods = [
+            running(pod("mo-cn-0", "cn", "10.0.0.5", "c0")),
+            running(pod("mo-cn-1", "cn", "10.0.0.6", "c1")),
+            pod("mo-cn-2", "cn", "10.0.0.7", "c2"), // Pending: no sessions yet
+            pod("mo-proxy-0", "proxy", "10.0.0.8", "p0"),
+            pod("mo-proxy-1", "proxy", "10.0.0.9", "p1"),
+        ];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let session = |user: &str, from_proxy: bool, host: &str| mo_rpc::pb::status::Session {
+            user: user.into(),
+            from_proxy,
+            proxy_host: host.into(),
+            ..Default::default()
+        };
+        let cn0 = [
+            session("dump", true, "10.0.0.8:41234"),
+            session("dump", true, "10.0.0.8:41236"),
+            session("mo_logger", false, ""),
+            session("dump", false, ""), // straight to the CN, no proxy
+        ];
+        let cn1 = [session("app", true, "10.0.0.9:5000")];
+        let mut hosts = BTreeMap::from([
+            ("mo-cn-0".to_string(), Ok(client_proxy_hosts(&cn0))),
+            ("mo-cn-1".to_string(), Ok(client_proxy_hosts(&cn1))),
+        ]);
+        let counts = proxy_connections(&refs, &hosts);
+        assert_eq!(counts["mo-proxy-0"], Ok(2));
+        assert_eq!(counts["mo-proxy-1"], Ok(1));
+        // From an address no proxy pod has (another network path): counted for every proxy.
+        hosts.insert(
+            "mo-cn-1".into(),
+            Ok(client_proxy_hosts(&[session(
+                "app",
+                true,
+                "127.0.0.1:5000",
+            )])),
+        );
+        let counts = proxy_connections(&refs, &hosts);
+        assert_eq!(counts["mo-proxy-0"], Ok(3));
+        assert_eq!(counts["mo-proxy-1"], Ok(1));
+        // One running CN unread, or not known to HAKeeper: nothing is known.
+        hosts.insert(
+            "mo-cn-1".into(),
+            Err(ObservationError::Timeout("query service".into())),
+        );
+        assert!(
+            proxy_connections(&refs, &hosts)
+                .values()
+                .all(Result::is_err)
+        );
+        hosts.remove("mo-cn-1");
+        assert!(
+            proxy_connections(&refs, &hosts)
+                .values()
+                .all(Result::is_err)
+        );
     }
 
     /// LOG, TN and proxy records map to their pods by the UUID the operator rendered.
@@ -1101,7 +1316,7 @@ mod tests {
             let clients = &clients;
             let cluster = &cluster;
             async move {
-                let view = clients.cn_activity(cluster, &cns).await;
+                let (view, _) = clients.cn_activity(cluster, &cns).await;
                 view.get("mo-cn-0")
                     .map(|a| a.as_ref().expect("read").replicas)
             }

@@ -120,6 +120,13 @@ fn pod_observation(pod: &Pod, component: Component) -> PodObservation {
         started_at: main_status(pod)
             .and_then(|c| c.state.as_ref()?.running.as_ref()?.started_at.as_ref())
             .map(|t| Millis(t.0.as_millisecond().max(0) as u64)),
+        serving: component != Component::Proxy
+            || pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(crate::resources::LABEL_SERVING))
+                .is_some_and(|v| v == "true"),
         name,
         pool_phase: None,
     }
@@ -201,6 +208,7 @@ pub fn build(
         lock_allocator: kernel.lock_allocator,
         cn_activity: kernel.cn_activity,
         proxy_routes: kernel.proxy_routes,
+        proxy_connections: kernel.proxy_connections,
         node_images,
         unschedulable_nodes: nodes
             .iter()

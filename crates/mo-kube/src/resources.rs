@@ -31,6 +31,9 @@ pub const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
 pub const LABEL_CN_GROUP: &str = "ops.matrixorigin.io/cn-group";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const LABEL_PREPULL: &str = "ops.matrixorigin.io/prepull";
+/// On proxy pods: "true" while the SQL Service selects the pod. The operator sets "false"
+/// before stopping a proxy, whose kernel closes every client connection at once.
+pub const LABEL_SERVING: &str = "ops.matrixorigin.io/serving";
 pub const MANAGED_BY: &str = "mo-operator";
 /// The pod annotation carrying the MatrixOne version the pod was created with.
 pub const ANNOTATION_VERSION: &str = "ops.matrixorigin.io/version";
@@ -476,7 +479,17 @@ pub fn statefulset(cluster: &MatrixOneCluster, component: Component, version: &s
                 match_labels: Some(selector(&name, component)),
                 ..LabelSelector::default()
             },
-            template: pod_template(cluster, component, None, version, &[]),
+            template: pod_template(
+                cluster,
+                component,
+                None,
+                version,
+                if component == Component::Proxy {
+                    &[(LABEL_SERVING, "true")]
+                } else {
+                    &[]
+                },
+            ),
             volume_claim_templates: storage.map(|s| vec![claim_template(s)]),
             persistent_volume_claim_retention_policy: storage.map(|s| {
                 let policy = match s.retention {
@@ -761,6 +774,10 @@ pub fn sql_service(cluster: &MatrixOneCluster) -> Service {
         Component::Cn
     };
     let spec = &cluster.spec.sql_service;
+    let mut selector = selector(&name, target);
+    if target == Component::Proxy {
+        selector.insert(LABEL_SERVING.into(), "true".into());
+    }
     let mut metadata = meta(cluster, sql_service_name(&name), None);
     if !spec.annotations.is_empty() {
         metadata.annotations = Some(spec.annotations.clone());
@@ -769,7 +786,7 @@ pub fn sql_service(cluster: &MatrixOneCluster) -> Service {
         metadata,
         spec: Some(ServiceSpec {
             type_: Some(spec.type_.as_str().into()),
-            selector: Some(selector(&name, target)),
+            selector: Some(selector),
             ports: Some(vec![ServicePort {
                 name: Some("sql".into()),
                 port: spec.port,
@@ -976,10 +993,14 @@ mod tests {
         let svc = sql_service(&c);
         let svc_spec = svc.spec.expect("spec");
         assert_eq!(svc_spec.type_.as_deref(), Some("LoadBalancer"));
-        assert_eq!(
-            svc_spec.selector.expect("selector")[LABEL_COMPONENT],
-            "proxy"
-        );
+        let selector = svc_spec.selector.expect("selector");
+        assert_eq!(selector[LABEL_COMPONENT], "proxy");
+        // A proxy the operator takes out (label "false") gets no new client connection; new
+        // proxy pods start in.
+        assert_eq!(selector[LABEL_SERVING], "true");
+        let proxies = statefulset(&c, Component::Proxy, "v1");
+        let template_labels = proxies.spec.template.metadata.expect("meta").labels;
+        assert_eq!(template_labels.expect("labels")[LABEL_SERVING], "true");
         assert_eq!(svc.metadata.annotations.expect("annotations")["a"], "b");
     }
 

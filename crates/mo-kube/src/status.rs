@@ -87,6 +87,7 @@ fn describe_step(rollout: &Rollout) -> String {
                 Step::NextPod => "next pod".to_string(),
                 Step::MoveLeadership { pod, .. } => format!("move leadership off {pod}"),
                 Step::DrainCn { pod, .. } => format!("drain {pod}"),
+                Step::DrainProxy { pod, .. } => format!("drain connections off {pod}"),
                 Step::Restart { pod, .. } => format!("restart {pod}"),
                 Step::Verify { pod, .. } => format!("verify {pod}"),
                 Step::Settle { .. } => "settle".to_string(),

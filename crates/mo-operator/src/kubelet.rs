@@ -852,6 +852,15 @@ async fn tick(
                         }
                     }
                 }
+                if let Some(serving) = pod
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(mo_kube::resources::LABEL_SERVING))
+                {
+                    // The SQL Service's endpoints follow the label: the model's clients too.
+                    sim.model.set_proxy_serving(&short, &uid, serving == "true");
+                }
                 if pod.metadata.deletion_timestamp.is_some() {
                     // The pod's grace period runs in wall-clock time: scaled into the model.
                     let grace = pod

@@ -33,8 +33,8 @@ pub fn summary(r: &Report) -> String {
     let by = &r.txn_failures_by_cause;
     let _ = writeln!(
         s,
-        "lost to   voluntary disruptions {}, the upgrade's TN restart {}, injected faults {}",
-        by.voluntary, by.tn_restart, by.involuntary
+        "lost to   voluntary disruptions {}, the upgrade's TN restart {}, its restart of the only proxy {}, injected faults {}",
+        by.voluntary, by.tn_restart, by.proxy_restart, by.involuntary
     );
     for (kind, n) in &r.errors_by_kind {
         let _ = writeln!(s, "          {n:>6} × {kind}");
@@ -98,12 +98,15 @@ pub fn demo_table(incidents: &[(&str, Vec<(&str, &Report)>)]) -> String {
             let _ = write!(s, "{policy:>12}");
         }
         let _ = writeln!(s);
-        let rows: [Row; 11] = [
+        let rows: [Row; 12] = [
             ("transactions committed", |r| r.txns.committed.to_string()),
             ("failed (definite)", |r| r.txns.failed_definite.to_string()),
             ("unknown outcome", |r| r.txns.unknown.to_string()),
             ("  of which the TN's restart", |r| {
                 r.txn_failures_by_cause.tn_restart.to_string()
+            }),
+            ("  of which the sole proxy restart", |r| {
+                r.txn_failures_by_cause.proxy_restart.to_string()
             }),
             ("TN fatal exits", |r| r.tn_fatal_exits.to_string()),
             ("seconds with no route", |r| {

@@ -230,9 +230,40 @@ impl AttachedCluster {
         }
         if self.sim.pods[p].deletion.is_none() {
             self.sim.pods[p].grace_override = grace;
+            // The webhook refuses anyone else's delete of the only proxy: this is the
+            // operator's restart.
+            self.sim.mark_only_proxy_restart(p);
         }
         self.sim
             .delete_pod(p, Cause::Voluntary, false, crate::world::API_DELETE);
+    }
+
+    /// The proxy pod's Service label, as the API server has it: out of the SQL Service, no
+    /// new connection reaches it.
+    pub fn set_proxy_serving(&mut self, name: &str, uid: &str, serving: bool) {
+        if let Some(&(ref attached_uid, p)) = self.attached.get(name)
+            && attached_uid == uid
+        {
+            self.sim.pods[p].serving = serving;
+        }
+    }
+
+    /// For each client session on CN `name`: the proxy it came through (model pod name).
+    pub fn session_proxies(&self, name: &str) -> Vec<Option<String>> {
+        let Some(&p) = self.sim.pod_by_name.get(name) else {
+            return Vec::new();
+        };
+        let Some(cn) = self.sim.cns.get(&p) else {
+            return Vec::new();
+        };
+        cn.sessions
+            .iter()
+            .map(|&c| {
+                self.sim.clients[c]
+                    .proxy
+                    .map(|q| self.sim.pods[q].name.clone())
+            })
+            .collect()
     }
 
     /// The object vanished without our kubelet finishing it (a force delete): the container
@@ -285,6 +316,7 @@ impl AttachedCluster {
             lock_allocator: o.lock_allocator,
             cn_activity: o.cn_activity,
             proxy_routes: o.proxy_routes,
+            proxy_connections: o.proxy_connections,
             tn_wal_tolerance: o.tn_wal_tolerance,
         }
     }
@@ -302,7 +334,9 @@ impl AttachedCluster {
     /// A call on the kernel's admin API. Pod actions belong to the API server, not here.
     pub fn admin_call(&mut self, action: &Action) -> Result<ActionOutput, ActionError> {
         match action {
-            Action::DeletePod { .. } | Action::RestartPod { .. } => Err(ActionError::Unsupported(
+            Action::DeletePod { .. }
+            | Action::RestartPod { .. }
+            | Action::SetProxyServing { .. } => Err(ActionError::Unsupported(
                 "pods are deleted through the Kubernetes API".into(),
             )),
             other => self.sim.apply_action(other),

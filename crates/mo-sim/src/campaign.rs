@@ -122,7 +122,7 @@ pub fn generate(seed: u64) -> Scenario {
     }
     let _ = writeln!(
         y,
-        "workload: {{clients: {}, txn_rate: {}, statements_max: {}, tables: [{}]STATEMENT_LATENCY}}",
+        "workload: {{clients: {}, txn_rate: {}, statements_max: {}, tables: [{}]STATEMENT_LATENCYCONN_LIFETIME}}",
         rng.random_range(2..=6u32),
         rng.random_range(2..=5u32),
         rng.random_range(1..=3u32),
@@ -364,6 +364,14 @@ pub fn generate(seed: u64) -> Scenario {
         String::new()
     };
     let y = y.replace("CN_HEARTBEAT", &cn_heartbeat);
+    // Connection pools that recycle connections fast or slowly, and clients that never do
+    // (a proxy out of its Service is then never left: the rollout must halt, not cut them).
+    let lifetime = if rng.random_bool(0.1) {
+        ", connection_lifetime: null".to_string()
+    } else {
+        format!(", connection_lifetime: {}s", rng.random_range(5..=240u32))
+    };
+    let y = y.replace("CONN_LIFETIME", &lifetime);
     Scenario::from_yaml(&y)
         .unwrap_or_else(|e| panic!("generated scenario {seed} is invalid: {e}\n{y}"))
 }
@@ -487,6 +495,15 @@ pub fn classes(scenario: &Scenario) -> Vec<&'static str> {
         scenario.workload.statement_latency.millis().0 >= 1_000,
         "statements running for seconds",
     );
+    let proxies = scenario.topology.proxy_replicas >= 2;
+    add(
+        proxies && ev.iter().any(|e| e.upgrade.is_some()),
+        "proxy restarts with clients connected (two proxies or more)",
+    );
+    add(
+        proxies && scenario.workload.connection_lifetime.is_none(),
+        "clients that never close their proxy connections",
+    );
     add(
         ev.iter().any(|e| e.upgrade.is_some()),
         "rolling upgrade (voluntary TN restart)",
@@ -534,10 +551,15 @@ pub fn classes(scenario: &Scenario) -> Vec<&'static str> {
 /// "waits on a named condition", not "completes". Transient faults (a CN crash, a pod deleted
 /// by hand, a HAKeeper outage) excuse nothing: the kernel recovers from them, so must the run.
 fn cooperative(scenario: &Scenario) -> bool {
-    scenario
-        .events
-        .iter()
-        .all(|e| e.node_failure.is_none() && e.fault.is_none())
+    // Clients that never close their connections never leave a proxy, which no safe policy
+    // stops with connections on it.
+    let clients_leave =
+        scenario.workload.connection_lifetime.is_some() || scenario.topology.proxy_replicas < 2;
+    clients_leave
+        && scenario
+            .events
+            .iter()
+            .all(|e| e.node_failure.is_none() && e.fault.is_none())
 }
 
 /// Runs one scenario with every invariant checked, then checks liveness.

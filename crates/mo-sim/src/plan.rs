@@ -72,8 +72,10 @@ pub fn plan(scenario: &Scenario, strategy: &Strategy) -> Plan {
                     topo.proxy_replicas,
                     topo.proxy_replicas.saturating_sub(1).max(1),
                     stop(t.proxy_shutdown.millis()) + start + t.proxy_start.millis(),
-                    "another proxy routes to a Working CN",
-                    "routes to a Working CN",
+                    // Not counted: the wait for its clients to leave once it is out of its
+                    // Service, which depends on their connection lifetime (it can be nil).
+                    "another proxy routes to a Working CN; out of its Service, no client connection left on it",
+                    "in its Service, routes to a Working CN",
                 ),
             };
             let rounds = pods.div_ceil(parallelism) as u64;

@@ -131,6 +131,10 @@ pub struct FailuresByCause {
     /// it was down, locks held across it): what the stock kernel costs, the operator's doing.
     #[serde(default)]
     pub tn_restart: u64,
+    /// Lost to the operator's restart of the only proxy (its kernel closes every connection at
+    /// once): the transactions running on its connections then.
+    #[serde(default)]
+    pub proxy_restart: u64,
 }
 
 impl Report {

@@ -181,6 +181,9 @@ pub struct WorkloadSpec {
     /// A client gives up waiting for COMMIT after this (its outcome is then unknown).
     pub commit_timeout: Dur,
     pub start: Dur,
+    /// Clients close a connection this old between transactions and open a new one through
+    /// the SQL Service, as connection pools do (`None`: they keep it until it breaks).
+    pub connection_lifetime: Option<Dur>,
 }
 
 impl Default for WorkloadSpec {
@@ -199,6 +202,7 @@ impl Default for WorkloadSpec {
             statement_latency: Dur::ms(20),
             commit_timeout: Dur::secs(60),
             start: Dur::secs(0),
+            connection_lifetime: Some(Dur::secs(30)),
         }
     }
 }

@@ -37,6 +37,7 @@ fn first_time(log: &[String], needles: &[&str]) -> Option<f64> {
 
 #[test]
 fn legacy_incident_000_removes_the_lock_owner_without_confirmation() {
+    let mut failed = 0;
     for seed in 1..=5 {
         let (r, log) = run(INCIDENT_000, "legacy", Some(seed));
         assert!(
@@ -44,7 +45,11 @@ fn legacy_incident_000_removes_the_lock_owner_without_confirmation() {
             "seed {seed}: {:?}",
             r.unsafe_actions
         );
-        assert!(r.txns.unknown > 0, "seed {seed}: {:?}", r.txns);
+        // As measured on a running v1.2.4 kernel: transactions that hold a lock through the lost
+        // owner and ask it again fail (20504/20505); a failed unlock only delays COMMIT, so none
+        // ends unknown. Whether one is mid-flight at the SIGTERM depends on the seed.
+        assert_eq!(r.txns.unknown, 0, "seed {seed}: {:?}", r.txns);
+        failed += r.txns.failed_definite;
         // Lockers of the lost owner wait until the binds move (10-20 s), as on the kernel.
         assert!(
             r.longest_table_stall_seconds >= 8.0,
@@ -52,20 +57,24 @@ fn legacy_incident_000_removes_the_lock_owner_without_confirmation() {
             r.longest_table_stall_seconds
         );
         let sigterm = first_time(&log, &["cn-gvhx9: SIGTERM"]).expect("gvhx9 got SIGTERM");
-        // The kernel's mechanism: the transactions that held locks through the lost owner fail
-        // or end unknown (new lockers wait until the binds move, they do not fail).
-        let first_failure =
-            first_time(&log, &["client", "txn ", "cn-gvhx9:6003"]).expect("peers' DML failed");
-        assert!(
-            first_failure >= sigterm && first_failure - sigterm < 2.0,
-            "seed {seed}: failures naming the lost owner start {first_failure}s, SIGTERM {sigterm}s"
-        );
+        if r.txns.failed_definite > 0 {
+            let first_failure = first_time(&log, &["client", "txn ", "failed", "cn-gvhx9:6003"])
+                .expect("the failures name the lost owner");
+            assert!(
+                first_failure >= sigterm && first_failure - sigterm < 2.0,
+                "seed {seed}: failures naming the lost owner start {first_failure}s, SIGTERM {sigterm}s"
+            );
+        }
         // The drain was released by the timeout rule, not by a confirmation.
         assert!(
             log.iter()
                 .any(|l| l.contains("drain timeout unset: released at once"))
         );
     }
+    assert!(
+        failed > 0,
+        "no seed lost a transaction to the removed owner"
+    );
 }
 
 #[test]

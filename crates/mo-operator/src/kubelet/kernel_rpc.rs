@@ -746,19 +746,43 @@ impl Answering {
             match M::try_from(request.cmd_method) {
                 Ok(M::ShowProcessList) => {
                     let uuid = cn_uuid(&self.name);
+                    // Each session names the proxy it came through by that pod's IP and a
+                    // port, as a CN behind a proxy reports it (`ProxyHost`).
+                    let short = self
+                        .name
+                        .strip_prefix(&SimCluster::prefix(key))
+                        .unwrap_or(&self.name);
+                    let proxy_ip = |proxy: &str| {
+                        sim.bound
+                            .iter()
+                            .filter(|(_, name)| name.as_str() == proxy)
+                            .find_map(|(uid, _)| sim.servers.get(uid).map(|s| s.ip))
+                    };
                     response.show_process_list_response = Some(query::ShowProcessListResponse {
-                        sessions: (0..activity.sessions)
-                            .map(|i| status::Session {
-                                node_id: uuid.clone(),
-                                conn_id: i + 1,
-                                session_id: format!("{uuid}-{}", i + 1),
-                                account: "sys".into(),
-                                user: "dump".into(),
-                                command: "Query".into(),
-                                ..Default::default()
+                        sessions: sim
+                            .model
+                            .session_proxies(short)
+                            .iter()
+                            .zip(1u32..)
+                            .map(|(proxy, i)| {
+                                let ip = proxy.as_deref().and_then(proxy_ip);
+                                status::Session {
+                                    node_id: uuid.clone(),
+                                    conn_id: i,
+                                    session_id: format!("{uuid}-{i}"),
+                                    account: "sys".into(),
+                                    user: "dump".into(),
+                                    command: "Query".into(),
+                                    from_proxy: proxy.is_some(),
+                                    proxy_host: ip.map_or_else(String::new, |ip| {
+                                        format!("{ip}:{}", 40_000 + i)
+                                    }),
+                                    ..Default::default()
+                                }
                             })
                             .collect(),
                     });
+                    let _ = activity;
                 }
                 Ok(M::GetPipelineInfo) => {
                     response.get_pipeline_info_response = Some(query::GetPipelineInfoResponse {

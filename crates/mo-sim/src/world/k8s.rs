@@ -33,6 +33,7 @@ impl Simulation {
             pool_phase: None,
             cn_uuid: (component == Component::Cn).then(|| cn_uuid(name)),
             grace_override: None,
+            serving: true,
         });
         self.pod_by_name.insert(name.to_string(), id);
         id

@@ -521,7 +521,7 @@ impl Simulation {
     pub(crate) fn wal_outage_cause(&self) -> Cause {
         match self.tn.wal_block_cause {
             Cause::Involuntary => Cause::Involuntary,
-            Cause::Voluntary | Cause::TnRestart => self.shard_outage_cause(1),
+            Cause::Voluntary | Cause::TnRestart | Cause::ProxyRestart => self.shard_outage_cause(1),
         }
     }
 
@@ -837,8 +837,10 @@ impl Simulation {
             running: false,
             epoch,
             cache: Vec::new(),
+            stop_cause: None,
         });
         proxy.running = false;
+        proxy.stop_cause = None;
         proxy.epoch = epoch;
         self.after(self.t.proxy_start, Ev::ProxyStarted(p, epoch));
     }
@@ -853,19 +855,15 @@ impl Simulation {
 
     /// Stops accepting; closes idle client connections now and the others after their
     /// transaction (a proxy cannot hand a client connection to another proxy).
+    /// SIGTERM: the kernel's proxy closes every client connection at once (v1.2.4
+    /// `proxy/server.go` `Server.Close` → goetty `Disconnect()` of each session), cutting the
+    /// transaction running on each; then it exits.
     pub(crate) fn proxy_begin_shutdown(&mut self, p: PodId) {
-        if let Some(proxy) = self.proxies.get_mut(&p) {
-            proxy.running = false;
-        }
-        for c in 0..self.clients.len() {
-            if self.clients[c].proxy == Some(p) && self.clients[c].txn.is_none() {
-                self.drop_session(c);
-            }
-        }
+        self.close_proxy_connections(p);
         self.update_route_state();
     }
 
-    /// A stopping proxy exits once no transaction runs through it (or at SIGKILL).
+    /// A stopping proxy exits once its connections are closed (at once, see above).
     pub(crate) fn maybe_proxy_exit(&mut self, p: PodId) {
         let pod = &self.pods[p];
         if !pod.sigterm_sent || !pod.process_alive || pod.component != Component::Proxy {
@@ -882,6 +880,24 @@ impl Simulation {
     }
 
     pub(crate) fn proxy_process_exited(&mut self, p: PodId) {
+        self.close_proxy_connections(p);
+    }
+
+    /// The operator restarts `p` and it is the only live proxy: what it cuts is counted apart
+    /// (`Cause::ProxyRestart`). Whether the others are in their Service does not matter: a
+    /// policy that took them out could have left them in.
+    pub(crate) fn mark_only_proxy_restart(&mut self, p: PodId) {
+        let only_proxy = self.pods[p].component == Component::Proxy
+            && !self
+                .proxies
+                .iter()
+                .any(|(&q, x)| q != p && x.running && self.pods[q].deletion.is_none());
+        if only_proxy && let Some(proxy) = self.proxies.get_mut(&p) {
+            proxy.stop_cause = Some(Cause::ProxyRestart);
+        }
+    }
+
+    fn close_proxy_connections(&mut self, p: PodId) {
         if let Some(proxy) = self.proxies.get_mut(&p) {
             proxy.running = false;
         }
@@ -889,6 +905,10 @@ impl Simulation {
             .deletion
             .as_ref()
             .map_or(Cause::Involuntary, |d| d.cause);
+        let cause = match self.proxies.get(&p).and_then(|x| x.stop_cause) {
+            Some(c) if cause == Cause::Voluntary => c,
+            _ => cause,
+        };
         for c in 0..self.clients.len() {
             if self.clients[c].proxy == Some(p) {
                 // A COMMIT the proxy waited for in vain, because the TN is down or its WAL blocked of a fault, is
@@ -999,8 +1019,11 @@ impl Simulation {
         if let Some(target) = self.pick_cn(proxy_pod)
             && target != session.pod
         {
+            // The client's connection to the proxy stays; only the proxy's to the CN moves.
+            let connected_at = self.clients[c].connected_at;
             self.drop_session(c);
             self.attach_session(c, proxy_pod, target);
+            self.clients[c].connected_at = connected_at;
         }
     }
 

@@ -49,6 +49,9 @@ pub(crate) enum Cause {
     /// without losing the commits in flight and the locks held across it, so these losses are
     /// the operator's, counted apart (and the checker allows one such restart per version).
     TnRestart,
+    /// The operator's restart of the only proxy: the kernel's proxy closes its connections at
+    /// once (`Server.Close`) and no other proxy could have taken its clients first. Counted apart.
+    ProxyRestart,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +91,8 @@ pub(crate) struct Pod {
     pub cn_uuid: Option<String>,
     /// The grace period of this pod's deletion when the API server gave one (attached mode).
     pub grace_override: Option<Millis>,
+    /// For proxies: the SQL Service selects it (the operator's `SetProxyServing`).
+    pub serving: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -157,6 +162,7 @@ pub(crate) enum Ev {
     CommitAtTn(ClientId, TxnId),
     WalDone(TxnId),
     CommitTimeout(ClientId, TxnId),
+    UnlockRetry(ClientId, TxnId),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -343,12 +349,19 @@ pub(crate) struct Proxy {
     pub epoch: u64,
     /// CN UUIDs and work states as of the last refresh.
     pub cache: Vec<(String, WorkState)>,
+    /// Set by the operator's restart of the only proxy (see `Cause::ProxyRestart`).
+    pub stop_cause: Option<Cause>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TxnStage {
     Statements,
     Committing,
+    /// Committed at the TN; COMMIT has not returned: the CN retries the unlock of a lock table
+    /// whose owner is gone until the allocator shows its bind changed (v1.2.4
+    /// `lockservice/lock_table_remote.go` `unlock`, deferred inside `txn/client/operator.go`
+    /// `doWrite`). Its `locks` are those still being unlocked.
+    Unlocking,
 }
 
 #[derive(Clone, Debug)]
@@ -384,6 +397,9 @@ pub(crate) struct Client {
     /// The proxy wanted to move this session during a transaction: it moves as soon as the
     /// transaction ends (v1.2.4 `proxy/tunnel.go` `transferIntent`).
     pub transfer_intent: bool,
+    /// When its connection through the proxy was opened (clients close connections older than
+    /// the workload's `connection_lifetime` between transactions, as connection pools do).
+    pub connected_at: Millis,
 }
 
 #[derive(Clone, Debug)]
@@ -513,6 +529,7 @@ pub struct Simulation {
     pub(crate) failures_voluntary: u64,
     pub(crate) failures_involuntary: u64,
     pub(crate) failures_tn_restart: u64,
+    pub(crate) failures_proxy_restart: u64,
     /// When a commit that locked each table last happened (by table index).
     pub(crate) last_commit_on: BTreeMap<usize, Millis>,
     pub(crate) longest_table_stall: Millis,
@@ -647,6 +664,7 @@ impl Simulation {
             failures_voluntary: 0,
             failures_involuntary: 0,
             failures_tn_restart: 0,
+            failures_proxy_restart: 0,
             last_commit_on: BTreeMap::new(),
             longest_table_stall: Millis::ZERO,
             tn_restarts_to: Vec::new(),
@@ -796,6 +814,7 @@ impl Simulation {
                             running: true,
                             epoch,
                             cache: Vec::new(),
+                            stop_cause: None,
                         },
                     );
                 }
@@ -1018,6 +1037,7 @@ impl Simulation {
             Ev::CommitAtTn(c, x) => self.commit_at_tn(c, x),
             Ev::WalDone(x) => self.wal_done(x),
             Ev::CommitTimeout(c, x) => self.commit_timeout(c, x),
+            Ev::UnlockRetry(c, x) => self.unlock_retry(c, x),
         }
     }
 
@@ -1378,6 +1398,7 @@ impl Simulation {
                 voluntary: self.failures_voluntary,
                 involuntary: self.failures_involuntary,
                 tn_restart: self.failures_tn_restart,
+                proxy_restart: self.failures_proxy_restart,
             },
             waiting_on: self.policy.waiting_on().into_iter().collect(),
             operator_restarts: self.operator_restarts,

@@ -33,6 +33,7 @@ impl Simulation {
                     started_at: pod.process_alive.then_some(pod.last_start),
                     cn_uuid: pod.cn_uuid.clone(),
                     pool_phase: pod.pool_phase,
+                    serving: pod.serving,
                 }
             })
             .collect();
@@ -104,6 +105,7 @@ impl Simulation {
                         // GetTxnInfo: a wedged hand-over is never confirmed by them here.
                         locks: None,
                         oldest_txn: OldestTxn::NotRead,
+                        live_lock_holders: None,
                     })
                 } else {
                     Err(ObservationError::Unavailable(
@@ -130,6 +132,29 @@ impl Simulation {
                 (self.pods[p].name.clone(), answer)
             })
             .collect();
+        // Counted on the CNs' query services, as the operator does: any running CN not answering
+        // leaves every count unknown (a pod whose process has not started has no sessions).
+        let unread = self
+            .cns
+            .iter()
+            .any(|(&p, cn)| self.pods[p].process_alive && cn.phase != CnPhase::Running)
+            .then(|| ObservationError::Unavailable("a CN's query service is not answering".into()));
+        let proxy_connections = self
+            .proxies
+            .keys()
+            .filter(|p| self.pods[**p].status != PodStatus::Gone)
+            .map(|&p| {
+                let count = match &unread {
+                    Some(e) => Err(e.clone()),
+                    None => Ok(self
+                        .clients
+                        .iter()
+                        .filter(|c| c.proxy == Some(p) && c.session.is_some())
+                        .count() as u32),
+                };
+                (self.pods[p].name.clone(), count)
+            })
+            .collect();
         let node_images = self
             .nodes
             .iter()
@@ -143,6 +168,7 @@ impl Simulation {
             lock_allocator,
             cn_activity,
             proxy_routes,
+            proxy_connections,
             node_images,
             tn_wal_tolerance: self.tn_wal_tolerance,
             heartbeat_intervals: self.heartbeat_intervals(),
@@ -243,6 +269,14 @@ impl Simulation {
             Action::BeginDrain { .. } | Action::CancelDrain { .. } => {
                 unreachable!("answered by apply_action")
             }
+            Action::SetProxyServing { pod, uid, serving } => {
+                let p = self.pod_for_action(pod, uid)?;
+                self.pods[p].serving = *serving;
+                let name = pod.clone();
+                let state = if *serving { "in" } else { "out of" };
+                self.trace(&name, "serving", || format!("{state} the SQL Service"));
+                Ok(())
+            }
             Action::PrePullImage { node, version } => {
                 let n = self
                     .nodes
@@ -300,6 +334,7 @@ impl Simulation {
                 if self.pods[p].component == Component::Tn {
                     self.tn.stop_cause = Cause::TnRestart;
                 }
+                self.mark_only_proxy_restart(p);
                 Ok(())
             }
         }

@@ -755,3 +755,168 @@ fn a_commit_waiting_on_a_wal_blocked_by_a_log_fault_is_the_faults() {
     assert_eq!(s.failures_tn_restart, 0);
     assert_eq!(s.failures_involuntary, failures(&s));
 }
+
+const TWO_PROXIES: &str = "
+name: proxies
+duration: 20m
+topology:
+  version: v1
+  proxy_replicas: 2
+  cn_groups: [{name: cn, replicas: 2}]
+";
+
+fn clients_on(s: &Simulation, proxy: PodId) -> usize {
+    s.clients
+        .iter()
+        .filter(|c| c.proxy == Some(proxy) && c.session.is_some())
+        .count()
+}
+
+#[test]
+fn a_stopping_proxy_closes_every_connection_at_once_cutting_the_transactions_on_them() {
+    // Statements of 2 s and no think time to speak of: every connection is inside a
+    // transaction when the proxy gets its SIGTERM (v1.2.4 `Server.Close` disconnects them all).
+    let yaml = format!(
+        "{TWO_PROXIES}workload: {{clients: 6, txn_rate: 1000, tables: [a, b], statement_latency: 2s}}\n"
+    );
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(10));
+    let p0 = pod(&s, "proxy-0");
+    let busy = s
+        .clients
+        .iter()
+        .filter(|c| c.proxy == Some(p0) && c.txn.is_some())
+        .count() as u64;
+    assert!(busy > 0);
+    let uid = s.pods[p0].uid.clone();
+    s.apply_action(&mo_core::Action::DeletePod {
+        pod: "proxy-0".into(),
+        uid,
+        reason: "test".into(),
+    })
+    .unwrap();
+    // Well before any of those transactions could have ended (each runs ≥ 2 s).
+    let sigterm = secs(10) + s.t.kubelet_stop_delay.millis();
+    run_to(&mut s, sigterm + Millis(100));
+    assert_eq!(clients_on(&s, p0), 0);
+    let cut = s
+        .errors_by_kind
+        .get("connection closed by proxy (no COMMIT sent)")
+        .copied()
+        .unwrap_or(0);
+    assert_eq!(cut, busy, "{:?}", s.errors_by_kind);
+    assert_eq!(s.failures_voluntary, busy);
+}
+
+#[test]
+fn clients_leave_a_proxy_out_of_its_service_within_their_connection_lifetime() {
+    let yaml = format!(
+        "{TWO_PROXIES}workload: {{clients: 6, txn_rate: 10, tables: [a, b], connection_lifetime: 10s}}\n"
+    );
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(10));
+    let p0 = pod(&s, "proxy-0");
+    assert!(clients_on(&s, p0) > 0);
+    let uid = s.pods[p0].uid.clone();
+    s.apply_action(&mo_core::Action::SetProxyServing {
+        pod: "proxy-0".into(),
+        uid,
+        serving: false,
+    })
+    .unwrap();
+    let counted = |s: &Simulation| s.observe().proxy_connections["proxy-0"].clone();
+    assert_eq!(counted(&s), Ok(clients_on(&s, p0) as u32));
+    // A lifetime, plus the end of the transaction each is in.
+    run_to(&mut s, secs(21));
+    assert_eq!(clients_on(&s, p0), 0);
+    assert_eq!(counted(&s), Ok(0));
+    assert_eq!(failures(&s), 0);
+    // Without a lifetime, clients keep their connections for good.
+    let yaml = format!(
+        "{TWO_PROXIES}workload: {{clients: 6, txn_rate: 10, tables: [a, b], connection_lifetime: null}}\n"
+    );
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(10));
+    let p0 = pod(&s, "proxy-0");
+    let before = clients_on(&s, p0);
+    let uid = s.pods[p0].uid.clone();
+    s.apply_action(&mo_core::Action::SetProxyServing {
+        pod: "proxy-0".into(),
+        uid,
+        serving: false,
+    })
+    .unwrap();
+    run_to(&mut s, secs(120));
+    assert_eq!(clients_on(&s, p0), before);
+}
+
+#[test]
+fn an_unlock_on_a_lost_owner_delays_commit_until_the_bind_moves_and_commit_succeeds() {
+    // v1.2.4: `doWrite` defers the unlock inside COMMIT; `remoteLockTable.unlock` retries
+    // until the allocator shows the bind changed, and only logs the failure.
+    let yaml = format!("{BASE}lock_tables: [{{table: a, owner: cn-1}}]\n")
+        .replace("tables: [a, b]", "tables: [a]");
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(10));
+    let cn0 = pod(&s, "cn-0");
+    let owner = Instance {
+        pod: pod(&s, "cn-1"),
+        epoch: s.pods[pod(&s, "cn-1")].epoch,
+    };
+    let version = s.tn.allocator.binds["a"].version;
+    crash(&mut s, "cn-1");
+    let moves = s.bind_invalidation_at(s.now);
+    // A transaction on cn-0 that locked `a` on cn-1 and reached the TN: it commits there.
+    let c = (0..s.clients.len())
+        .find(|&c| s.clients[c].txn.is_none())
+        .expect("an idle client");
+    let x = 900_100;
+    s.txns.insert(
+        x,
+        Txn {
+            client: c,
+            cn: Instance {
+                pod: cn0,
+                epoch: s.pods[cn0].epoch,
+            },
+            tables: vec![0],
+            next_stmt: 1,
+            stage: TxnStage::Committing,
+            locks: vec![HeldLock {
+                table: 0,
+                owner,
+                version,
+            }],
+            tn_wait_deadline: None,
+            commit_sent_at: s.now,
+            timeout_armed: false,
+            reported: false,
+        },
+    );
+    s.clients[c].txn = Some(x);
+    s.tn.wal_waiting.push(x);
+    s.wal_done(x);
+    assert_eq!(
+        s.txns[&x].stage,
+        TxnStage::Unlocking,
+        "COMMIT has not returned"
+    );
+    let told = |s: &Simulation| {
+        s.audit()
+            .unwrap()
+            .outcomes
+            .iter()
+            .find(|(t, _)| *t == x)
+            .map(|(_, k)| *k)
+    };
+    run_to(&mut s, moves - Millis(1));
+    assert_eq!(told(&s), None, "still unlocking until the bind moves");
+    assert_eq!(s.clients[c].txn, Some(x));
+    run_to(&mut s, moves + Millis(200));
+    assert_eq!(told(&s), Some(OutcomeKind::Committed));
+    assert!(
+        !s.errors_by_kind.keys().any(|k| k.contains("unlock")),
+        "{:?}",
+        s.errors_by_kind
+    );
+}

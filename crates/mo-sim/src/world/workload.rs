@@ -26,6 +26,9 @@ pub(crate) enum LockResult {
 /// `defaultWaitTimeOnRetryLock` (1 s) and `doLock` has no deadline.
 const LOCK_RETRY: Millis = Millis(1_000);
 const RECONNECT_DELAY: Millis = Millis(1_000);
+/// The CN retries a failed remote unlock at once, asking the allocator each time whether the
+/// bind changed: modelled as a look every 100 ms.
+const UNLOCK_RETRY: Millis = Millis(100);
 const TN_RETRY: Millis = Millis(500);
 
 impl Simulation {
@@ -64,6 +67,9 @@ impl Simulation {
             .sessions
             .insert(c);
         self.clients[c].session = Some(Instance { pod: cn, epoch });
+        if self.clients[c].proxy != Some(proxy) {
+            self.clients[c].connected_at = self.now;
+        }
         self.clients[c].proxy = Some(proxy);
     }
 
@@ -85,11 +91,21 @@ impl Simulation {
         if self.clients[c].txn.is_some() {
             return;
         }
+        let lifetime = self.scenario.workload.connection_lifetime;
+        if self.clients[c].session.is_some()
+            && lifetime.is_some_and(|l| self.now - self.clients[c].connected_at >= l.millis())
+        {
+            // Closed between transactions and opened again through the Service.
+            self.drop_session(c);
+        }
         if self.clients[c].session.is_none() {
+            // The SQL Service's endpoints: running proxies it selects, not being deleted.
             let running: Vec<PodId> = self
                 .proxies
                 .iter()
-                .filter(|(_, x)| x.running)
+                .filter(|&(&p, x)| {
+                    x.running && self.pods[p].serving && self.pods[p].deletion.is_none()
+                })
                 .map(|(&p, _)| p)
                 .collect();
             let chosen = (!running.is_empty())
@@ -427,25 +443,19 @@ impl Simulation {
         let Some(txn) = self.txns.remove(&x) else {
             return;
         };
-        // Committed. The CN now unlocks; a transport error on the way back reaches the client
-        // as an error on COMMIT, and the client cannot tell that the commit happened.
-        let mut unlock_error: Option<(String, Cause)> = None;
-        for lock in &txn.locks {
-            let reachable = self
-                .cns
-                .get(&lock.owner.pod)
-                .is_some_and(|cn| cn.epoch == lock.owner.epoch && cn.lock_open);
-            if !reachable && unlock_error.is_none() {
-                let pod = &self.pods[lock.owner.pod];
-                let reason = if pod.process_alive && pod.epoch == lock.owner.epoch {
-                    "EOF"
-                } else {
-                    "connection refused"
-                };
-                let text = format!("failed to unlock on remote {}:6003: {reason}", pod.name);
-                unlock_error = Some((text, self.stopped_cause(lock.owner.pod)));
-            }
-        }
+        // Committed. The CN now unlocks before COMMIT returns; an unlock on a lock table whose
+        // owner is gone fails and is retried (only logged) until the bind changes.
+        let unreachable: Vec<HeldLock> = txn
+            .locks
+            .iter()
+            .filter(|lock| {
+                !self
+                    .cns
+                    .get(&lock.owner.pod)
+                    .is_some_and(|cn| cn.epoch == lock.owner.epoch && cn.lock_open)
+            })
+            .cloned()
+            .collect();
         self.release_locks(x, &txn);
         self.truth_committed += 1;
         // The longest stretch a table with DML went without a commit (what a lost lock owner
@@ -458,12 +468,55 @@ impl Simulation {
         if let Some(audit) = &mut self.audit {
             audit.truth_committed.push(x);
         }
-        if !txn.reported {
-            let outcome = match unlock_error {
-                None => Outcome::Committed,
-                Some((text, cause)) => Outcome::Unknown(text, cause),
-            };
-            self.tell_client(txn.client, x, outcome);
+        if txn.reported {
+            return;
+        }
+        if unreachable.is_empty() {
+            self.tell_client(txn.client, x, Outcome::Committed);
+            return;
+        }
+        let owner = self.pods[unreachable[0].owner.pod].name.clone();
+        self.log("cn", || {
+            format!(
+                "txn {x}: failed to unlock on remote {owner}:6003; retrying until its bind changes"
+            )
+        });
+        let client = txn.client;
+        self.txns.insert(
+            x,
+            Txn {
+                stage: TxnStage::Unlocking,
+                locks: unreachable,
+                ..txn
+            },
+        );
+        self.after(Dur(UNLOCK_RETRY), Ev::UnlockRetry(client, x));
+    }
+
+    /// The retried unlock of a committed transaction: done once the allocator shows every
+    /// table it still unlocks bound elsewhere (or anew); COMMIT then returns success.
+    pub(crate) fn unlock_retry(&mut self, c: ClientId, x: TxnId) {
+        let Some(txn) = self.txns.get(&x).filter(|t| t.stage == TxnStage::Unlocking) else {
+            return;
+        };
+        if txn.reported {
+            self.txns.remove(&x);
+            return;
+        }
+        let allocator_answers = self.tn.phase == TnPhase::Running;
+        let changed = allocator_answers
+            && txn.locks.iter().all(|lock| {
+                self.tn
+                    .allocator
+                    .binds
+                    .get(&self.tables[lock.table])
+                    .is_none_or(|b| b.version != lock.version || b.owner != lock.owner)
+            });
+        if changed {
+            self.txns.remove(&x);
+            self.tell_client(c, x, Outcome::Committed);
+        } else {
+            self.after(Dur(UNLOCK_RETRY), Ev::UnlockRetry(c, x));
         }
     }
 
@@ -476,12 +529,17 @@ impl Simulation {
         }
         txn.reported = true;
         let client = txn.client;
+        // Waiting on an unlock, COMMIT is held by the lock owner that went away.
+        let cause = match txn.stage {
+            TxnStage::Unlocking => {
+                let owner = txn.locks.first().map(|l| l.owner.pod);
+                owner.map_or(Cause::Voluntary, |p| self.stopped_cause(p))
+            }
+            _ => self.tn_wait_cause(),
+        };
         self.count(
             x,
-            &Outcome::Unknown(
-                "commit timed out: context deadline exceeded".into(),
-                self.tn_wait_cause(),
-            ),
+            &Outcome::Unknown("commit timed out: context deadline exceeded".into(), cause),
         );
         // The client gives up on the connection; the transaction resolves later at the TN.
         self.clients[client].txn = None;
@@ -499,7 +557,7 @@ impl Simulation {
                 Some(TxnStage::Statements) => {
                     self.abort_txn(x, format!("{error} (no COMMIT sent)"), cause)
                 }
-                Some(TxnStage::Committing) => {
+                Some(TxnStage::Committing | TxnStage::Unlocking) => {
                     let txn = self.txns.get_mut(&x).expect("present");
                     if !txn.reported {
                         txn.reported = true;
@@ -601,6 +659,7 @@ impl Simulation {
                     Cause::Voluntary => self.failures_voluntary += 1,
                     Cause::Involuntary => self.failures_involuntary += 1,
                     Cause::TnRestart => self.failures_tn_restart += 1,
+                    Cause::ProxyRestart => self.failures_proxy_restart += 1,
                 }
                 *self.errors_by_kind.entry(text.clone()).or_default() += 1;
                 if *cause == Cause::Voluntary {
