@@ -747,7 +747,7 @@ impl Drain {
             // once the binds move, as a lost owner's lockers do.
             let wedged = answer.remaining_txns > 0 && now - acked >= timing.handover_wedge_after;
             let old = old_transactions(obs, mark_settled(acked));
-            if wedged && wedge_evidence(obs, &self.pod, acked).is_ok() {
+            if wedged && wedge_evidence(obs, &self.pod, acked) {
                 self.no_old_txns_since.get_or_insert(now);
             } else {
                 self.no_old_txns_since = None;
@@ -769,7 +769,7 @@ impl Drain {
                 (true, Ok(0)) => "; the hand-over looks wedged, and no CN runs a transaction \
                      from before it (confirming)"
                     .into(),
-                (true, Ok(_)) if wedge_evidence(obs, &self.pod, acked).is_ok() => format!(
+                (true, Ok(_)) if wedge_evidence(obs, &self.pod, acked) => format!(
                     "; the hand-over looks wedged, and every lock in {}'s lock tables is held \
                      by a transaction no CN runs (confirming)",
                     self.pod
@@ -883,7 +883,7 @@ impl Drain {
             Some(id) => allocator.drains.get(&id) == Some(&DrainAnswer::Done),
             None if self.confirmed_by_txns => self
                 .handshake_acked_at
-                .is_some_and(|acked| wedge_evidence(obs, &self.pod, acked).is_ok()),
+                .is_some_and(|acked| wedge_evidence(obs, &self.pod, acked)),
             None => allocator
                 .restarting
                 .get(&self.cn_uuid)
@@ -928,33 +928,23 @@ fn mark_settled(acked: Millis) -> Millis {
     acked + Millis::from_secs(3)
 }
 
-/// What lets a wedged hand-over be confirmed without the allocator, or why not: either no
-/// running CN runs a transaction from before the mark, or every lock in `pod`'s own lock
-/// tables is held by a transaction no running CN runs and `pod` runs none from before it.
-/// Every running CN's transaction list must have been read.
-fn wedge_evidence(obs: &Observation, pod: &str, acked: Millis) -> Result<(), String> {
+/// Whether a wedged hand-over may be confirmed without the allocator: either no running CN
+/// runs a transaction from before the mark, or every lock in `pod`'s own lock tables is held
+/// by a transaction no running CN runs and `pod` runs none from before it. Every running CN's
+/// transaction list must have been read (not read is never "none").
+fn wedge_evidence(obs: &Observation, pod: &str, acked: Millis) -> bool {
     let boundary = mark_settled(acked);
     match old_transactions(obs, boundary) {
-        Ok(0) => return Ok(()),
-        Ok(_) => {}
-        Err(unread) => return Err(format!("{unread}'s transactions cannot be read")),
-    }
-    match obs.cn_activity.get(pod) {
-        Some(Ok(CnActivity {
-            live_lock_holders: Some(0),
-            oldest_txn,
-            ..
-        })) if !matches!(oldest_txn, OldestTxn::CreatedAt(created) if *created < boundary) => {
-            Ok(())
-        }
-        Some(Ok(CnActivity {
-            live_lock_holders: Some(n),
-            ..
-        })) => Err(format!(
-            "{n} live transactions hold locks in {pod}'s lock tables, or it runs one from \
-             before the mark"
-        )),
-        _ => Err(format!("the holders of {pod}'s locks cannot be read")),
+        Ok(0) => true,
+        Err(_) => false,
+        Ok(_) => matches!(
+            obs.cn_activity.get(pod),
+            Some(Ok(CnActivity {
+                live_lock_holders: Some(0),
+                oldest_txn,
+                ..
+            })) if !matches!(oldest_txn, OldestTxn::CreatedAt(created) if *created < boundary)
+        ),
     }
 }
 

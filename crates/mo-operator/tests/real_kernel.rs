@@ -104,12 +104,7 @@ async fn a_real_cluster_serves_sql_registers_every_store_and_survives_log_restar
         .expect("create");
     t.wait_ready("mo", READY_LIMIT).await;
     let boot = started.elapsed();
-    let pods = t
-        .pods()
-        .list(&Default::default())
-        .await
-        .expect("pods")
-        .items;
+    let pods = t.pod_list().await;
     let names: BTreeSet<String> = pods.iter().map(|p| p.name_any()).collect();
     assert_eq!(
         names,
@@ -291,12 +286,7 @@ async fn the_kernel_facts_the_engine_relies_on_hold_on_the_real_kernel() {
     let through_proxy = mo_sqlload::hold_row_lock(&proxy, "facts", "f1", 2)
         .await
         .expect("a client session through the proxy");
-    let pods = t
-        .pods()
-        .list(&Default::default())
-        .await
-        .expect("pods")
-        .items;
+    let pods = t.pod_list().await;
     let refs: Vec<&Pod> = pods.iter().collect();
     let mut hosts = std::collections::BTreeMap::new();
     for cn in ["mo-ap-0", "mo-tp-0"] {
@@ -846,14 +836,7 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
                 .insert(p.uid().unwrap_or_default());
         }
     };
-    seen(
-        &t.pods()
-            .list(&Default::default())
-            .await
-            .expect("pods")
-            .items,
-        &mut uids,
-    );
+    seen(&t.pod_list().await, &mut uids);
     let proxies = [target(&t, "mo-proxy-0").await];
     let tables = vec!["u1".to_string(), "u2".to_string()];
     mo_sqlload::prepare(&proxies[0], "upg", &tables, 100)
@@ -904,14 +887,7 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
             !step.starts_with("halted") && !step.starts_with("rolled"),
             "the upgrade stopped: {step}: {waiting}"
         );
-        seen(
-            &t.pods()
-                .list(&Default::default())
-                .await
-                .expect("pods")
-                .items,
-            &mut uids,
-        );
+        seen(&t.pod_list().await, &mut uids);
         // `upgrade <component>: …` or `complete`.
         let phase = step
             .strip_prefix("upgrade ")
@@ -941,12 +917,7 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
     tokio::time::sleep(Duration::from_secs(5)).await;
     let end = workload.stop().await;
     let deleted = deletions.snapshot();
-    let now = t
-        .pods()
-        .list(&Default::default())
-        .await
-        .expect("pods")
-        .items;
+    let now = t.pod_list().await;
     seen(&now, &mut uids);
     for (pod, instances) in &uids {
         for uid in instances {
@@ -1050,12 +1021,7 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
         "at most one transaction per client of each restarted proxy: {by_proxy_instance:?} {cost}"
     );
     t.wait_ready("mo", READY_LIMIT).await;
-    let pods = t
-        .pods()
-        .list(&Default::default())
-        .await
-        .expect("pods")
-        .items;
+    let pods = t.pod_list().await;
     seen(&pods, &mut uids);
     for p in &pods {
         let image = p.spec.as_ref().and_then(|s| s.containers[0].image.clone());

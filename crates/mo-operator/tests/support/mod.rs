@@ -420,6 +420,15 @@ impl TestNs {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
+    /// Every pod of the namespace, now.
+    pub async fn pod_list(&self) -> Vec<Pod> {
+        self.pods()
+            .list(&Default::default())
+            .await
+            .expect("pods")
+            .items
+    }
+
     pub async fn create(
         &self,
         name: &str,
