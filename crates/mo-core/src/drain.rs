@@ -110,6 +110,9 @@ pub struct Drain {
     pub stage_since: Millis,
     pub kernel_drain_id: Option<u64>,
     pub begin_drain_sent_at: Option<Millis>,
+    /// When the extension's `BeginDrain` answered with the drain's id.
+    #[serde(default)]
+    pub begin_drain_acked_at: Option<Millis>,
     pub handshake_sent_at: Option<Millis>,
     /// When the allocator was seen to accept our `SetRestartService`: answers count only
     /// after it (a lost call must not let an older instance's answer through).
@@ -157,6 +160,12 @@ pub struct DrainTiming {
     /// How often a proxy reloads the CN list from HAKeeper (kernel `cluster.refresh-interval`,
     /// 5 s): until each has, new connections may still be routed to a CN just marked Draining.
     pub route_refresh: Millis,
+    /// How long the lock allocator may keep the entry of a CN's previous process under the same
+    /// UUID (v1.2.4 `lock_table_allocator.go` `checkInvalidBinds`: a silent service goes at the
+    /// first `keepBindTimeout` round that finds it silent that long and its validation fails).
+    /// Until then the allocator's answers for the UUID may come from either entry, at random
+    /// (`getServiceBindsWithoutPrefix`), so the handshake waits for the container to be older.
+    pub previous_instance_expiry: Millis,
 }
 
 impl Drain {
@@ -173,6 +182,7 @@ impl Drain {
             stage_since: now,
             kernel_drain_id: None,
             begin_drain_sent_at: None,
+            begin_drain_acked_at: None,
             handshake_sent_at: None,
             handshake_acked_at: None,
             handshake_allocator: None,
@@ -201,6 +211,7 @@ impl Drain {
     fn restart_on_new_instance(&mut self, now: Millis, why: String) {
         self.kernel_drain_id = None;
         self.begin_drain_sent_at = None;
+        self.begin_drain_acked_at = None;
         self.handshake_sent_at = None;
         self.handshake_acked_at = None;
         self.handshake_allocator = None;
@@ -265,6 +276,9 @@ impl Drain {
                 {
                     match result {
                         Ok(ActionOutput::DrainId { drain_id }) => {
+                            if self.kernel_drain_id != Some(*drain_id) {
+                                self.begin_drain_acked_at = Some(now);
+                            }
                             self.kernel_drain_id = Some(*drain_id)
                         }
                         Ok(ActionOutput::Done) => {}
@@ -272,8 +286,11 @@ impl Drain {
                     }
                 }
                 (Action::SetRestartService { uuid }, Err(e)) if *uuid == self.cn_uuid => {
-                    // Not applied: ask again on the next step.
-                    self.handshake_sent_at = None;
+                    // A timeout may have been applied: the allocator's answers tell. Any other
+                    // error was not: ask again on the next step.
+                    if !matches!(e, ActionError::Timeout(_)) {
+                        self.handshake_sent_at = None;
+                    }
                     self.handshake_acked_at = None;
                     self.hold(format!("SetRestartService failed: {e}"));
                 }
@@ -604,6 +621,16 @@ impl Drain {
             }
         }
         if self.stage == DrainStage::Confirmed {
+            // A confirmation may have been reached ticks ago: it must hold on this very
+            // observation (the allocator may since have come to know a CN it did not know).
+            if let Err(why) = self.still_confirmed(obs) {
+                self.set_stage(DrainStage::MarkDraining, now);
+                self.hold(format!(
+                    "{}'s confirmation no longer holds: {why}; draining it again",
+                    self.pod
+                ));
+                return;
+            }
             match &self.purpose {
                 DrainPurpose::Evict { source } => {
                     let source = source.clone();
@@ -659,8 +686,22 @@ impl Drain {
                     true
                 }
                 Some(DrainAnswer::Pending { remaining_txns }) => {
+                    // The lock service behind the extension counts what the kernel counts,
+                    // leaks included: the same evidence confirms a wedged hand-over.
+                    let accepted = self.begin_drain_acked_at.unwrap_or(now);
+                    let wedged = *remaining_txns > 0
+                        && now - accepted >= timing.handover_wedge_after
+                        && wedge_evidence(obs, &self.pod, accepted);
+                    if self.wedge_confirmed(wedged, now, timing) {
+                        return true;
+                    }
+                    let note = if wedged {
+                        "; the hand-over looks wedged, and no live transaction holds its locks (confirming)"
+                    } else {
+                        ""
+                    };
                     self.hold(format!(
-                        "lock tables of {} handing over: {remaining_txns} transactions still hold locks",
+                        "lock tables of {} handing over: {remaining_txns} transactions still hold locks{note}",
                         self.pod
                     ));
                     false
@@ -681,19 +722,48 @@ impl Drain {
             };
         }
         // Today's handshake, plus operator-side instance checks. The allocator's answer names
-        // no instance: only an answer given after our own, acknowledged request counts.
-        let answer = allocator.restarting.get(&self.cn_uuid);
-        let lost = self.handshake_acked_at.is_none()
-            && self.resend_due(self.handshake_sent_at, now, timing);
+        // no instance: only an answer given after our own request took effect counts.
+        let Some(answer) = allocator.restarting.get(&self.cn_uuid).copied() else {
+            self.hold(format!(
+                "the lock allocator gave no answer for {} ({})",
+                self.pod, self.cn_uuid
+            ));
+            return false;
+        };
         let serving = AllocatorSeen::of(obs);
         if self.handshake_sent_at.is_some() && self.handshake_allocator.is_none() {
             // A record from before the allocator was recorded: the one serving now is taken
-            // as the one asked (sending again to the same allocator would wedge its entry).
+            // as the one asked.
             self.handshake_allocator = Some(serving.clone());
         }
         let other_allocator =
             self.handshake_sent_at.is_some() && self.handshake_allocator.as_ref() != Some(&serving);
-        if answer.is_none() || self.handshake_sent_at.is_none() || lost || other_allocator {
+        let first = self.handshake_sent_at.is_none() || other_allocator;
+        if self.handshake_sent_at.is_none() {
+            // With one UUID the allocator may hold the entry of the CN's previous process beside
+            // this one's, and answer from either (v1.2.4 `getServiceBindsWithoutPrefix`): the
+            // request waits until that entry must be gone.
+            let running_for = obs
+                .pod(&self.pod)
+                .and_then(|p| p.started_at)
+                .map(|started| now - started);
+            if running_for.is_none_or(|r| r < timing.previous_instance_expiry) {
+                self.hold(format!(
+                    "{}'s container is younger than {}: the lock allocator may still answer for \
+                     its previous process; waiting before the restart handshake",
+                    self.pod, timing.previous_instance_expiry
+                ));
+                return false;
+            }
+        }
+        // (false, −1) is an entry no request reached (or none that was answered yet). Any
+        // other answer shows a request took effect, or that the allocator does not know the
+        // CN (where a request is only logged). A request to an entry that can already restart
+        // would wedge it for good (v1.2.4: `setRestartService` sets a disabled entry back to
+        // waiting, and its keepalives are refused from then on), so none is sent then.
+        let unmarked = !answer.can_restart && answer.remaining_txns < 0;
+        let resend = !first && unmarked && self.resend_due(self.handshake_sent_at, now, timing);
+        if (first || resend) && unmarked {
             actions.push(Action::SetRestartService {
                 uuid: self.cn_uuid.clone(),
             });
@@ -712,6 +782,16 @@ impl Drain {
             });
             return false;
         }
+        if first {
+            // Nothing to send: the answers count from now.
+            self.handshake_sent_at = Some(now);
+            self.handshake_acked_at = Some(now);
+            self.handshake_allocator = Some(serving);
+            self.no_old_txns_since = None;
+        } else if self.handshake_acked_at.is_none() && !unmarked {
+            // Our request's answer was lost, but the allocator shows it took effect.
+            self.handshake_acked_at = Some(now);
+        }
         let Some(acked) = self.handshake_acked_at else {
             self.hold(format!(
                 "waiting for the allocator to accept the handshake for {}",
@@ -719,7 +799,6 @@ impl Drain {
             ));
             return false;
         };
-        let answer = answer.expect("checked");
         if now - acked < timing.keepalive + timing.keepalive {
             self.hold(format!(
                 "waiting for {}'s keepalive to see the handshake",
@@ -747,17 +826,7 @@ impl Drain {
             // once the binds move, as a lost owner's lockers do.
             let wedged = answer.remaining_txns > 0 && now - acked >= timing.handover_wedge_after;
             let old = old_transactions(obs, mark_settled(acked));
-            if wedged && wedge_evidence(obs, &self.pod, acked) {
-                self.no_old_txns_since.get_or_insert(now);
-            } else {
-                self.no_old_txns_since = None;
-            }
-            if self
-                .no_old_txns_since
-                .is_some_and(|t| now - t >= timing.keepalive + timing.keepalive)
-            {
-                self.confirmed_by_txns = true;
-                self.set_stage(DrainStage::Confirmed, now);
+            if self.wedge_confirmed(wedged && wedge_evidence(obs, &self.pod, acked), now, timing) {
                 return true;
             }
             let locks = match obs.cn_activity.get(&self.pod) {
@@ -794,6 +863,24 @@ impl Drain {
         self.no_old_txns_since = None;
         self.set_stage(DrainStage::Confirmed, now);
         true
+    }
+
+    /// A wedged hand-over is confirmed once its evidence has held for two keepalives in a row.
+    fn wedge_confirmed(&mut self, evidence: bool, now: Millis, timing: &DrainTiming) -> bool {
+        if evidence {
+            self.no_old_txns_since.get_or_insert(now);
+        } else {
+            self.no_old_txns_since = None;
+        }
+        if self
+            .no_old_txns_since
+            .is_some_and(|t| now - t >= timing.keepalive + timing.keepalive)
+        {
+            self.confirmed_by_txns = true;
+            self.set_stage(DrainStage::Confirmed, now);
+            return true;
+        }
+        false
     }
 
     /// The pod came back (restart, or recreated after an eviction) with the same UUID: its
@@ -880,6 +967,12 @@ impl Drain {
             return Err("the TN restarted since the handshake".into());
         }
         let handed_over = match self.kernel_drain_id {
+            Some(id) if self.confirmed_by_txns => {
+                matches!(allocator.drains.get(&id), Some(DrainAnswer::Pending { .. }))
+                    && self
+                        .begin_drain_acked_at
+                        .is_some_and(|acked| wedge_evidence(obs, &self.pod, acked))
+            }
             Some(id) => allocator.drains.get(&id) == Some(&DrainAnswer::Done),
             None if self.confirmed_by_txns => self
                 .handshake_acked_at
@@ -991,6 +1084,7 @@ mod tests {
         handover_wedge_after: Millis(10_000),
         // Most tests are about the hand-over; the wait for the proxies has its own test.
         route_refresh: Millis(0),
+        previous_instance_expiry: Millis(0),
     };
 
     fn obs(now: u64) -> Observation {
@@ -1048,8 +1142,21 @@ mod tests {
         )
     }
 
+    /// HAKeeper shows the CN Draining; the allocator, asked for it as for every draining CN,
+    /// has an entry no request reached: (false, −1).
     fn draining(o: &mut Observation) {
         o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Draining;
+        unmarked(o);
+    }
+
+    fn unmarked(o: &mut Observation) {
+        o.lock_allocator.as_mut().unwrap().restarting.insert(
+            "u1".into(),
+            RestartAnswer {
+                can_restart: false,
+                remaining_txns: -1,
+            },
+        );
     }
 
     fn confirm(o: &mut Observation) {
@@ -1108,8 +1215,10 @@ mod tests {
         });
     }
 
-    /// A new lock allocator (the TN restarted) answers "can restart, 0 transactions" for a CN
-    /// it does not know: that is no confirmation of the handshake the old one accepted.
+    /// A new lock allocator (the TN restarted) knows nothing of the handshake the old one
+    /// accepted: it is asked again while it shows no mark, and its answers count only from
+    /// then. One that does not know the CN answers (true, 0), where a request would only be
+    /// logged: that answer counts from when it was first seen, after the keepalives.
     #[test]
     fn a_new_lock_allocator_is_asked_again_before_its_answer_counts() {
         let mut d = remove();
@@ -1129,10 +1238,11 @@ mod tests {
             }],
             Millis(3_000),
         );
-        // Pod replaced and container restarted in place: each is a new allocator.
+        // Pod replaced and container restarted in place: each is a new allocator, where the
+        // CN registered again (an entry no request reached).
         for (uid, restarts) in [("tn-uid-2", 0), ("tn-uid-2", 1)] {
             tn(&mut o, uid, restarts);
-            confirm(&mut o);
+            unmarked(&mut o);
             o.now += Millis(5_000);
             a.clear();
             d.step(&o, &TIMING, Ok(()), &mut a);
@@ -1152,8 +1262,28 @@ mod tests {
             );
         }
         // The allocator that accepted the request confirms, after its keepalives.
+        confirm(&mut o);
         o.now += Millis(2_000);
         a.clear();
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(matches!(&a[..], [Action::DeletePod { uid, .. }] if uid == "uid-1"));
+
+        // Another drain, and a TN restart whose new allocator never heard of the CN.
+        let mut d = remove();
+        let mut o = obs(1_000);
+        tn(&mut o, "tn-uid-1", 0);
+        d.step(&o, &TIMING, Ok(()), &mut vec![]);
+        draining(&mut o);
+        o.now = Millis(2_000);
+        d.step(&o, &TIMING, Ok(()), &mut vec![]);
+        tn(&mut o, "tn-uid-2", 0);
+        confirm(&mut o);
+        o.now = Millis(5_000);
+        a.clear();
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(a.is_empty(), "a request would only be logged: {a:?}");
+        assert!(!d.confirmed(), "not before the keepalives");
+        o.now = Millis(7_000);
         d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(matches!(&a[..], [Action::DeletePod { uid, .. }] if uid == "uid-1"));
     }
@@ -1223,6 +1353,7 @@ mod tests {
     fn the_handshake_waits_until_every_proxy_has_seen_the_draining_mark() {
         let timing = DrainTiming {
             route_refresh: Millis(5_000),
+            previous_instance_expiry: Millis(0),
             ..TIMING
         };
         let mut d = remove();
@@ -1250,6 +1381,7 @@ mod tests {
     fn the_wait_for_the_proxies_starts_over_after_hakeeper_was_unreadable() {
         let timing = DrainTiming {
             route_refresh: Millis(5_000),
+            previous_instance_expiry: Millis(0),
             ..TIMING
         };
         let mut d = remove();
@@ -1404,48 +1536,54 @@ mod tests {
 
     #[test]
     fn a_restarted_instance_does_not_inherit_the_old_confirmation() {
+        let timing = DrainTiming {
+            previous_instance_expiry: Millis(30_000),
+            ..TIMING
+        };
         let mut d = remove();
         to_handover(&mut d);
         let mut o = obs(5_000);
         draining(&mut o);
         confirm(&mut o);
-        // The CN restarted (same pod UID, same UUID, new start epoch) and the allocator still
-        // answers "can restart" for the UUID.
+        // The CN restarted (same pod UID, same UUID, new start epoch and container) and the
+        // allocator still answers "can restart" for the UUID, from the old process's entry.
         o.hakeeper.as_mut().unwrap().cns[0].start_epoch = 8;
+        o.pods[0].restarts = 1;
+        o.pods[0].started_at = Some(Millis(4_500));
+        o.hakeeper.as_mut().unwrap().cns[0].heartbeat_age = Millis(100);
         let mut a = vec![];
-        d.step(&o, &TIMING, Ok(()), &mut a);
-        assert!(
-            !a.iter().any(|x| matches!(x, Action::DeletePod { .. })),
-            "{a:?}"
-        );
+        for t in [5_000, 10_000, 30_000] {
+            o.now = Millis(t);
+            d.step(&o, &timing, Ok(()), &mut a);
+            assert!(
+                !a.iter().any(|x| matches!(
+                    x,
+                    Action::DeletePod { .. } | Action::SetRestartService { .. }
+                )),
+                "at {t}: {a:?}"
+            );
+        }
         assert_eq!(d.start_epoch, Some(8));
-        // The handshake starts again for the new instance (the kernel resets its answer).
-        assert!(
-            a.contains(&Action::SetRestartService { uuid: "u1".into() }),
-            "{a:?}"
-        );
+        // The old entry is gone: the handshake starts again for the new instance.
+        unmarked(&mut o);
+        o.now = Millis(35_000);
+        d.step(&o, &timing, Ok(()), &mut a);
+        assert_eq!(a, vec![Action::SetRestartService { uuid: "u1".into() }]);
         let ack = ActionResult {
             action: Action::SetRestartService { uuid: "u1".into() },
             result: Ok(ActionOutput::Done),
         };
-        d.absorb(std::slice::from_ref(&ack), Millis(6_000));
-        o.lock_allocator
-            .as_mut()
-            .unwrap()
-            .restarting
-            .get_mut("u1")
-            .unwrap()
-            .can_restart = false;
-        for t in 1..5 {
-            o.now = Millis(5_000 + t * 1_000);
+        d.absorb(std::slice::from_ref(&ack), Millis(36_000));
+        for t in 36..40 {
+            o.now = Millis(t * 1_000);
             a.clear();
-            d.step(&o, &TIMING, Ok(()), &mut a);
+            d.step(&o, &timing, Ok(()), &mut a);
             assert!(!a.iter().any(|x| matches!(x, Action::DeletePod { .. })));
         }
         // Only the new instance's own confirmation releases it.
         confirm(&mut o);
-        o.now = Millis(10_000);
-        d.step(&o, &TIMING, Ok(()), &mut a);
+        o.now = Millis(40_000);
+        d.step(&o, &timing, Ok(()), &mut a);
         assert!(a.iter().any(|x| matches!(x, Action::DeletePod { .. })));
     }
 
@@ -1694,9 +1832,18 @@ mod tests {
         o.now = Millis(6_000);
         d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(a.is_empty(), "{a:?}");
-        // Heard from the new container: its own hand-over is requested, nothing released.
+        // Heard from the new container: its own hand-over is requested once its old entry
+        // is gone, nothing released before.
+        let timing = DrainTiming {
+            previous_instance_expiry: Millis(30_000),
+            ..TIMING
+        };
         o.now = Millis(7_000);
-        d.step(&o, &TIMING, Ok(()), &mut a);
+        d.step(&o, &timing, Ok(()), &mut a);
+        assert!(a.is_empty(), "{a:?}");
+        unmarked(&mut o);
+        o.now = Millis(34_500);
+        d.step(&o, &timing, Ok(()), &mut a);
         assert_eq!(a, vec![Action::SetRestartService { uuid: "u1".into() }]);
         assert!(!d.confirmed());
     }
@@ -1750,36 +1897,123 @@ mod tests {
         assert_eq!(d.still_confirmed(&o), Ok(()));
     }
 
-    /// Found by a campaign: the operator died after recording its handshake request but
-    /// before sending it, while the allocator still answered "can restart" for an earlier
-    /// instance of the same UUID. That answer must not release the new instance.
+    /// A request whose answer was lost is sent again only while the allocator shows no mark
+    /// (false, −1): anything else shows it took effect, and a second request to an entry that
+    /// can already restart wedges it for good (v1.2.4 `setRestartService` on a disabled entry).
     #[test]
-    fn a_lost_handshake_request_never_borrows_an_older_answer() {
+    fn a_lost_request_is_sent_again_only_while_the_allocator_shows_no_mark() {
         let mut d = remove();
         let mut a = vec![];
         let mut o = obs(2_000);
         draining(&mut o);
-        confirm(&mut o); // stale: left over from a drain of a previous instance
         d.step(&o, &TIMING, Ok(()), &mut a);
         assert!(a.contains(&Action::SetRestartService { uuid: "u1".into() }));
-        // The request is lost (no result ever arrives); time passes.
-        for t in 3..6 {
+        // The request is lost (no result ever arrives); nothing shows a mark.
+        for t in 3..7 {
+            o.now = Millis(t * 1_000);
+            a.clear();
+            d.step(&o, &TIMING, Ok(()), &mut a);
+            assert!(a.is_empty(), "{a:?}");
+        }
+        o.now = Millis(7_000);
+        a.clear();
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert_eq!(a, vec![Action::SetRestartService { uuid: "u1".into() }]);
+
+        // Lost again, but this time it took effect: the CN handed over, the allocator says
+        // so. Nothing is sent again; the answer counts from when it was seen.
+        confirm(&mut o);
+        for t in 8..30 {
             o.now = Millis(t * 1_000);
             a.clear();
             d.step(&o, &TIMING, Ok(()), &mut a);
             assert!(
-                !a.iter().any(|x| matches!(x, Action::DeletePod { .. })),
-                "{a:?}"
+                !a.contains(&Action::SetRestartService { uuid: "u1".into() }),
+                "a second request would wedge the entry: {a:?}"
+            );
+            if t < 10 {
+                assert!(!d.confirmed(), "not before the keepalives, at {t} s");
+            }
+        }
+        assert!(d.confirmed());
+    }
+
+    /// A request that timed out may have been applied: it is judged from the allocator, like
+    /// a lost one; one refused outright is sent again.
+    #[test]
+    fn a_timed_out_request_is_judged_from_the_allocator() {
+        let mut d = remove();
+        to_handover(&mut d);
+        d.absorb(
+            &[ActionResult {
+                action: Action::SetRestartService { uuid: "u1".into() },
+                result: Err(ActionError::Timeout("lock allocator".into())),
+            }],
+            Millis(3_000),
+        );
+        assert!(d.hand_over_requested(), "it may have been applied");
+        let mut o = obs(4_000);
+        draining(&mut o);
+        o.lock_allocator.as_mut().unwrap().restarting.insert(
+            "u1".into(),
+            RestartAnswer {
+                can_restart: false,
+                remaining_txns: 2,
+            },
+        );
+        let mut a = vec![];
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(a.is_empty(), "the allocator shows the mark: {a:?}");
+        assert_eq!(d.handshake_acked_at, Some(Millis(4_000)));
+
+        let mut d = remove();
+        to_handover(&mut d);
+        d.absorb(
+            &[ActionResult {
+                action: Action::SetRestartService { uuid: "u1".into() },
+                result: Err(ActionError::Unavailable("connection refused".into())),
+            }],
+            Millis(3_000),
+        );
+        let mut o = obs(4_000);
+        draining(&mut o);
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert_eq!(a, vec![Action::SetRestartService { uuid: "u1".into() }]);
+    }
+
+    /// The allocator may keep the entry of the CN's previous process (same UUID) beside the
+    /// new one's, and answer for either at random until it removes the old one: no handshake
+    /// for a container younger than that.
+    #[test]
+    fn the_handshake_waits_until_the_previous_process_entry_must_be_gone() {
+        let timing = DrainTiming {
+            previous_instance_expiry: Millis(30_000),
+            ..TIMING
+        };
+        let mut d = remove();
+        let mut o = obs(10_000);
+        o.pods[0].restarts = 1;
+        o.pods[0].started_at = Some(Millis(5_000));
+        d.step(&o, &timing, Ok(()), &mut vec![]);
+        draining(&mut o);
+        confirm(&mut o); // the old process's entry, handed over before it died
+        let mut a = vec![];
+        for t in [11_000, 20_000, 34_000] {
+            o.now = Millis(t);
+            d.step(&o, &timing, Ok(()), &mut a);
+            assert!(a.is_empty(), "at {t}: {a:?}");
+            assert!(!d.confirmed());
+            assert!(
+                d.hold.as_deref().unwrap().contains("younger"),
+                "{:?}",
+                d.hold
             );
         }
-        // It is sent again once the resend interval passes.
-        o.now = Millis(7_000);
-        a.clear();
-        d.step(&o, &TIMING, Ok(()), &mut a);
-        assert!(
-            a.contains(&Action::SetRestartService { uuid: "u1".into() }),
-            "{a:?}"
-        );
+        // The old entry is gone; the new process's answers.
+        unmarked(&mut o);
+        o.now = Millis(35_000);
+        d.step(&o, &timing, Ok(()), &mut a);
+        assert_eq!(a, vec![Action::SetRestartService { uuid: "u1".into() }]);
     }
 
     /// An upgrade restart: the new pod's CN keeps HAKeeper's record, its UpTime (epoch) and
@@ -1873,6 +2107,108 @@ mod tests {
                 remaining_txns: remaining,
             },
         );
+    }
+
+    /// A confirmation on an allocator that did not know the CN ("can restart, 0") lapses if
+    /// the CN registers before its release: it is checked again on the release's observation.
+    #[test]
+    fn a_confirmation_is_checked_again_when_the_release_is_sent() {
+        let mut d = Drain::new(
+            "cn-1",
+            "uid-1",
+            "u1",
+            DrainPurpose::Evict {
+                source: "autoscaler".into(),
+            },
+            Millis(0),
+        );
+        let mut o = obs(1_000);
+        d.step(&o, &TIMING, Ok(()), &mut vec![]);
+        draining(&mut o);
+        confirm(&mut o); // the allocator has no entry for it
+        for t in [2_000, 3_000, 4_000] {
+            o.now = Millis(t);
+            d.step(&o, &TIMING, Ok(()), &mut vec![]);
+        }
+        assert!(d.confirmed(), "{:?}", d.hold);
+        // The evictor gives up; a hand-over counted as requested cannot be taken back, so the
+        // CN is to be restarted. Meanwhile it registered (its own background work).
+        d.purpose = DrainPurpose::Restart {
+            version: "v1".into(),
+        };
+        unmarked(&mut o);
+        let mut a = vec![];
+        o.now = Millis(5_000);
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(
+            !a.iter().any(|x| matches!(x, Action::RestartPod { .. })),
+            "{a:?}"
+        );
+        assert!(!d.confirmed());
+        assert!(
+            d.hold.as_deref().unwrap().contains("no longer holds"),
+            "{:?}",
+            d.hold
+        );
+    }
+
+    /// The extension's drain counts what the kernel's lock service counts, leaks included:
+    /// the same evidence confirms a wedged hand-over there.
+    #[test]
+    fn a_wedged_extension_drain_is_confirmed_from_the_transaction_lists() {
+        let mut d = remove();
+        let mut o = obs(1_000);
+        o.lock_allocator.as_mut().unwrap().drain_protocol = true;
+        d.step(&o, &TIMING, Ok(()), &mut vec![]);
+        draining(&mut o);
+        o.now = Millis(2_000);
+        let mut a = vec![];
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(matches!(&a[..], [Action::BeginDrain { .. }]), "{a:?}");
+        d.absorb(
+            &[ActionResult {
+                action: a[0].clone(),
+                result: Ok(ActionOutput::DrainId { drain_id: 4 }),
+            }],
+            Millis(3_000),
+        );
+        o.lock_allocator
+            .as_mut()
+            .unwrap()
+            .drains
+            .insert(4, DrainAnswer::Pending { remaining_txns: 2 });
+        o.cn_activity.insert(
+            "cn-1".into(),
+            Ok(CnActivity {
+                locks: Some(2),
+                oldest_txn: OldestTxn::CreatedAt(Millis(1_000)),
+                live_lock_holders: Some(0),
+                ..CnActivity::default()
+            }),
+        );
+        // Its own old transaction still runs: not yet.
+        for t in [4_000, 13_000, 20_000] {
+            o.now = Millis(t);
+            d.step(&o, &TIMING, Ok(()), &mut vec![]);
+            assert!(!d.confirmed(), "at {t}");
+        }
+        txns(&mut o, "cn-1", OldestTxn::NoneRunning);
+        if let Ok(a) = o.cn_activity.get_mut("cn-1").unwrap() {
+            a.locks = Some(2);
+            a.live_lock_holders = Some(0);
+        }
+        for t in [21_000, 22_000] {
+            o.now = Millis(t);
+            d.step(&o, &TIMING, Ok(()), &mut vec![]);
+            assert!(
+                !d.confirmed(),
+                "two readings a keepalive apart first, at {t}"
+            );
+        }
+        o.now = Millis(23_000);
+        let mut a = vec![];
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(matches!(&a[..], [Action::DeletePod { .. }]), "{a:?}");
     }
 
     /// What `pod`'s GetTxnInfo said.
@@ -2041,15 +2377,25 @@ mod tests {
         draining(&mut o);
         wedged(&mut o, -1);
         txns(&mut o, "cn-1", OldestTxn::NoneRunning);
+        let mut sent = vec![];
         for t in [20_000, 25_000, 30_000] {
+            o.now = Millis(t);
+            d.step(&o, &TIMING, Ok(()), &mut sent);
+        }
+        assert_eq!(d.stage, DrainStage::HandOver);
+        // (false, −1) is no mark at all: the request goes again.
+        assert!(sent.contains(&Action::SetRestartService { uuid: "u1".into() }));
+        wedged(&mut o, 1);
+        for t in [31_000, 41_000] {
             o.now = Millis(t);
             d.step(&o, &TIMING, Ok(()), &mut vec![]);
         }
-        assert_eq!(d.stage, DrainStage::HandOver);
-        wedged(&mut o, 1);
-        o.now = Millis(31_000);
-        d.step(&o, &TIMING, Ok(()), &mut vec![]);
-        o.now = Millis(33_000);
+        assert_eq!(
+            d.stage,
+            DrainStage::HandOver,
+            "the wedge counts from the mark"
+        );
+        o.now = Millis(43_000);
         d.step(&o, &TIMING, Ok(()), &mut vec![]);
         assert_eq!(d.stage, DrainStage::Released);
         assert_eq!(d.still_confirmed(&o), Ok(()));

@@ -211,6 +211,8 @@ pub fn proxy_healthy(obs: &Observation, pod: &str, version: &str) -> Gate {
     if !p.serving {
         return Err(format!("{pod} is out of its Service"));
     }
+    other_working_cn(obs, "")
+        .map_err(|_| format!("{pod} has no CN serving the workload to route to"))?;
     match obs.proxy_routes.get(pod) {
         Some(Ok(n)) if *n > 0 => Ok(()),
         Some(Ok(_)) => Err(format!("{pod} has no Working CN to route to")),
@@ -226,6 +228,10 @@ pub fn other_proxy_routes(obs: &Observation, except: Option<&str>) -> Gate {
 
 /// At least one proxy not in `except` can route new sessions.
 pub fn other_proxy_routes_excluding(obs: &Observation, except: &[&str]) -> Gate {
+    // What a proxy reports is only that it heartbeats and how many CNs HAKeeper lists as
+    // Working: a CN must also take the workload's sessions (not an idle pooled one) and run.
+    other_working_cn(obs, "")
+        .map_err(|_| "no CN that serves the workload is Working for any proxy to route to")?;
     // A proxy on its way out (deleted, or evicted a moment ago) routes nothing new, however
     // long its process still runs.
     let ok = obs.proxy_routes.iter().any(|(p, r)| {

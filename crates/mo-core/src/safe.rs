@@ -48,6 +48,10 @@ pub struct SafeConfig {
     /// The proxies' CN-list refresh interval (kernel `cluster.refresh-interval`).
     #[serde(with = "human")]
     pub route_refresh: Millis,
+    /// How long the lock allocator may keep the entry of a CN's previous process (same UUID):
+    /// a restart handshake is sent only to a container running at least this long.
+    #[serde(with = "human")]
+    pub previous_instance_expiry: Millis,
     /// How long a proxy out of its Service may wait for its clients to leave before the
     /// rollout halts (it is never stopped with connections on it).
     #[serde(with = "human")]
@@ -72,6 +76,8 @@ impl Default for SafeConfig {
             resend_after: Millis::from_secs(5),
             handover_wedge_after: Millis::from_secs(10),
             route_refresh: Millis::from_secs(5),
+            // Two `keepBindTimeout` rounds (10 s each) and a validation RPC (up to 10 s).
+            previous_instance_expiry: Millis::from_secs(30),
             proxy_drain_grace: Millis::from_mins(5),
             endpoints_settle: Millis::from_secs(5),
         }
@@ -87,6 +93,7 @@ impl SafeConfig {
             alarm_after: self.drain_alarm,
             handover_wedge_after: self.handover_wedge_after,
             route_refresh: self.route_refresh,
+            previous_instance_expiry: self.previous_instance_expiry,
         }
     }
 

@@ -989,6 +989,16 @@ fn two_lock_owners_never_hand_over_at_once() {
     for cn in &mut o.hakeeper.as_mut().unwrap().cns[..2] {
         cn.work_state = WorkState::Draining;
     }
+    // The allocator answers for every draining CN: entries no request reached yet.
+    for uuid in ["uuid-cn-0", "uuid-cn-1"] {
+        o.lock_allocator.as_mut().unwrap().restarting.insert(
+            uuid.into(),
+            RestartAnswer {
+                can_restart: false,
+                remaining_txns: -1,
+            },
+        );
+    }
     let handshakes = |d: &Decision| -> Vec<String> {
         d.actions
             .iter()
@@ -1087,4 +1097,25 @@ fn a_drain_whose_pod_was_replaced_leaves_the_new_instance_to_the_new_pods_drain(
             .iter()
             .any(|d| d.pod_uid == "u-cn-0b" && d.is_active())
     );
+}
+
+/// A proxy's report says only that it heartbeats and how many CNs HAKeeper lists as Working:
+/// Working CNs that take no workload session (idle pooled ones) or are not running give it no
+/// route (found by `campaign --seeds 10000`, seed 5732, once the simulator reported proxies as
+/// the operator sees them).
+#[test]
+fn a_proxy_counts_as_a_route_only_with_a_running_cn_that_serves_the_workload() {
+    let mut o = cluster("v1");
+    assert!(gates::other_proxy_routes(&o, Some("proxy-0")).is_ok());
+    for p in o.pods.iter_mut().filter(|p| p.component == Component::Cn) {
+        p.pool_phase = Some(PoolPhase::Idle);
+    }
+    let e = gates::other_proxy_routes(&o, Some("proxy-0")).unwrap_err();
+    assert!(e.contains("serves the workload"), "{e}");
+    assert!(gates::proxy_healthy(&o, "proxy-1", "v1").is_err());
+    for p in o.pods.iter_mut().filter(|p| p.component == Component::Cn) {
+        p.pool_phase = None;
+        p.ready = false;
+    }
+    assert!(gates::other_proxy_routes(&o, Some("proxy-0")).is_err());
 }

@@ -21,7 +21,8 @@ use mo_core::{
 };
 use mo_rpc::pb::{lock, logservice, metadata};
 use mo_rpc::{
-    Discovery, ErrorKind, HaKeeperClient, LockAllocatorClient, Options, QueryClient, RpcError,
+    Discovery, ErrorKind, HaKeeperClient, LockAllocatorClient, LogStoreClient, Options,
+    QueryClient, RpcError,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -66,6 +67,7 @@ pub struct KernelClients {
     hakeepers: Mutex<HashMap<ClusterKey, (Discovery, Arc<HaKeeperClient>)>>,
     allocators: Mutex<HashMap<String, Arc<LockAllocatorClient>>>,
     queries: Mutex<HashMap<String, Arc<QueryClient>>>,
+    log_stores: Mutex<HashMap<String, Arc<LogStoreClient>>>,
     /// The TN's lock-service address per cluster, as last read from HAKeeper.
     allocator_of: Mutex<HashMap<ClusterKey, String>>,
     /// Per cluster: the CN instances (query address → Kubernetes instance) whose kernel said
@@ -479,6 +481,7 @@ impl KernelClients {
             hakeepers: Mutex::default(),
             allocators: Mutex::default(),
             queries: Mutex::default(),
+            log_stores: Mutex::default(),
             without_replica_service: Mutex::default(),
             allocator_of: Mutex::default(),
         }
@@ -555,6 +558,65 @@ impl KernelClients {
             .clone()
     }
 
+    fn log_store(&self, address: &str) -> Arc<LogStoreClient> {
+        self.log_stores
+            .lock()
+            .expect("log stores lock")
+            .entry(address.to_string())
+            .or_insert_with(|| Arc::new(LogStoreClient::new(address, self.options())))
+            .clone()
+    }
+
+    /// Whether each replica HAKeeper shows following its shard's leader has caught up: HAKeeper
+    /// reports no log index, so each is asked to read through itself (a read index, answered
+    /// once it has applied the log up to the leader's commit index). One that does not answer
+    /// in time is not counted as caught up.
+    async fn probe_catch_up(
+        &self,
+        state: &logservice::CheckerState,
+        pods: &[&Pod],
+        details: &mut ClusterDetails,
+    ) {
+        let log_state = state.log_state.clone().unwrap_or_default();
+        let log_pods: Vec<&Pod> = pods
+            .iter()
+            .filter(|p| component_of(p) == Some(Component::Log))
+            .copied()
+            .collect();
+        // Each store's name as `cluster_details` shows it, and its log service address.
+        let address_of: BTreeMap<String, String> = log_state
+            .stores
+            .iter()
+            .map(|(uuid, st)| {
+                let name = pod_of_store(&log_pods, uuid, &st.service_address)
+                    .map_or_else(|| uuid.clone(), |p| pod_name(p).to_string());
+                (name, st.service_address.clone())
+            })
+            .collect();
+        let mut probes = Vec::new();
+        for (s, view) in details.log_shards.iter().enumerate() {
+            for (r, replica) in view.replicas.iter().enumerate() {
+                if replica.caught_up {
+                    let address = address_of.get(&replica.store).cloned();
+                    probes.push((s, r, view.shard_id, address));
+                }
+            }
+        }
+        let answers = futures::future::join_all(probes.into_iter().map(
+            |(s, r, shard, address)| async move {
+                let ok = match address {
+                    Some(a) => self.log_store(&a).read_through_replica(shard).await.is_ok(),
+                    None => false,
+                };
+                (s, r, ok)
+            },
+        ))
+        .await;
+        for (s, r, ok) in answers {
+            details.log_shards[s].replicas[r].caught_up &= ok;
+        }
+    }
+
     /// Forgets a removed cluster's clients.
     pub fn forget(&self, namespace: &str, cluster: &str) {
         let key = (namespace.to_string(), cluster.to_string());
@@ -588,7 +650,8 @@ impl KernelClients {
             Ok(s) => s,
             Err(e) => return KernelView::unreachable(observation_error(&e)),
         };
-        let details = cluster_details(&state, &pods, intervals);
+        let mut details = cluster_details(&state, &pods, intervals);
+        self.probe_catch_up(&state, &pods, &mut details).await;
         let proxy_routes = proxy_routes(&state, &details, &pods, intervals);
 
         // The allocator runs on the (first heartbeating) TN.

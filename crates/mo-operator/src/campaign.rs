@@ -118,6 +118,10 @@ fn print_report(r: &CampaignReport, shrunk: &[String]) {
     for (class, n) in &r.by_class {
         println!("  {n:>6} × {class}");
     }
+    println!("scenarios per kernel mechanism gone through:");
+    for (mechanism, n) in &r.by_mechanism {
+        println!("  {n:>6} × {mechanism}");
+    }
     for f in r.failures.iter().take(10) {
         println!(
             "seed {} at {:.0}s: {}: {}",

@@ -384,6 +384,85 @@ async fn the_kernel_facts_the_engine_relies_on_hold_on_the_real_kernel() {
     mo_sqlload::table_states(&ap, "facts", &tables)
         .await
         .expect("reads still work on the marked CN");
+
+    // 6. HAKeeper reports no log index; a read through one store's own replica (a read index)
+    // answers only from a replica that has caught up. Every running replica answers, for the
+    // HAKeeper shard and the WAL shard; a frozen store does not (HAKeeper's record of it, read
+    // at the freeze, is printed: it lists the store's replicas until the record ages out).
+    let probe = |pod: String| async move {
+        let store = mo_rpc::LogStoreClient::new(
+            format!("{pod}:32001"),
+            Options {
+                timeout: Duration::from_secs(2),
+                ..Options::default()
+            },
+        );
+        (
+            store.read_through_replica(0).await,
+            store.read_through_replica(1).await,
+        )
+    };
+    for i in 0..3 {
+        let (hakeeper_shard, wal_shard) = probe(pod_ip(&t, &format!("mo-log-{i}")).await).await;
+        hakeeper_shard.unwrap_or_else(|e| panic!("mo-log-{i}, shard 0: {e}"));
+        wal_shard.unwrap_or_else(|e| panic!("mo-log-{i}, shard 1: {e}"));
+    }
+    let signal = |sig: &'static str| {
+        let url = format!(
+            "{}/v1/namespaces/{}/pods/mo-log-2/kill?signal={sig}&container=main",
+            t.shared.admin, t.ns
+        );
+        async move {
+            let sent = reqwest::Client::new()
+                .post(&url)
+                .send()
+                .await
+                .expect("signal");
+            assert!(sent.status().is_success(), "{sig}: {}", sent.status());
+        }
+    };
+    let log_uuid = store_uuid(Component::Log, "mo-log-2").expect("uuid");
+    let log_2 = pod_ip(&t, "mo-log-2").await;
+    let others = HaKeeperClient::new(
+        Discovery::Addresses(vec![
+            format!("{}:32001", pod_ip(&t, "mo-log-0").await),
+            format!("{}:32001", pod_ip(&t, "mo-log-1").await),
+        ]),
+        options(),
+    );
+    others
+        .get_cluster_state()
+        .await
+        .expect("HAKeeper through log-0 or log-1");
+    signal("STOP").await;
+    // HAKeeper's record of the frozen store, read at once: its age in HAKeeper ticks (100 ms).
+    let shown = match others.get_cluster_state().await {
+        Ok(s) => {
+            let tick = s.tick;
+            let age = s
+                .log_state
+                .and_then(|l| l.stores.get(&log_uuid).map(|x| tick.saturating_sub(x.tick)));
+            format!("{age:?} ticks old")
+        }
+        // The frozen store may lead the HAKeeper shard: reads wait for a new leader.
+        Err(e) => format!("not read ({e})"),
+    };
+    let frozen = probe(log_2).await;
+    signal("CONT").await;
+    println!("frozen mo-log-2: reads {frozen:?}; HAKeeper's record of it: {shown}");
+    assert!(
+        frozen.0.is_err() && frozen.1.is_err(),
+        "a frozen replica answers no read: {frozen:?}"
+    );
+    wait_for(
+        "mo-log-2 answers reads again",
+        Duration::from_secs(60),
+        || async {
+            let (a, b) = probe(pod_ip(&t, "mo-log-2").await).await;
+            (a.is_ok() && b.is_ok()).then_some(())
+        },
+    )
+    .await;
 }
 
 /// Incident 000 on the real kernel: an idle CN (`idle-0`, no client session) owns the lock

@@ -292,6 +292,47 @@ impl HaKeeperClient {
     }
 }
 
+/// The HAKeeper's own log shard.
+pub const HAKEEPER_SHARD_ID: u64 = 0;
+
+/// One LOG store's log service, asked about its own replicas (not through discovery).
+pub struct LogStoreClient {
+    endpoint: Endpoint<HaKeeper>,
+}
+
+impl LogStoreClient {
+    pub fn new(address: impl Into<String>, options: Options) -> LogStoreClient {
+        LogStoreClient {
+            endpoint: Endpoint::new(address.into(), options),
+        }
+    }
+
+    pub fn address(&self) -> &str {
+        self.endpoint.address()
+    }
+
+    /// A read of `shard_id` through this store's own replica: the store serves it with
+    /// `SyncRead`, a read index, which answers only once the local replica has applied the
+    /// shard's log up to the leader's commit index (v1.2.4 `logservice/store.go` `read`). An
+    /// answer within the call's deadline means this replica has caught up; a lagging one
+    /// times out. Shard 0 is read with `GET_CLUSTER_STATE` (the HAKeeper state machine knows
+    /// no other query), a log shard with `GET_TRUNCATE`.
+    pub async fn read_through_replica(&self, shard_id: u64) -> Result<(), RpcError> {
+        let request = if shard_id == HAKEEPER_SHARD_ID {
+            log_request(logservice::MethodType::GetClusterState)
+        } else {
+            let mut request = log_request(logservice::MethodType::GetTruncate);
+            request.log_request = Some(logservice::LogRequest {
+                shard_id,
+                ..Default::default()
+            });
+            request
+        };
+        checked(self.address(), self.endpoint.call(request).await?)?;
+        Ok(())
+    }
+}
+
 /// A logservice answer's error fields as a typed error.
 fn checked(address: &str, r: logservice::Response) -> Result<logservice::Response, RpcError> {
     if r.error_code == 0 {

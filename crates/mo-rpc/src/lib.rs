@@ -18,7 +18,9 @@ pub mod pb;
 pub mod service;
 pub mod transport;
 
-pub use client::{Discovery, DrainState, HaKeeperClient, LockAllocatorClient, QueryClient};
+pub use client::{
+    Discovery, DrainState, HaKeeperClient, LockAllocatorClient, LogStoreClient, QueryClient,
+};
 pub use error::{ErrorKind, KernelError, RpcError};
 pub use service::{HaKeeper, LockAllocator, QueryService, Service};
 pub use transport::{Endpoint, Handler, Options, serve};

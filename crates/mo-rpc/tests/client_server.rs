@@ -552,3 +552,39 @@ async fn a_hakeeper_gone_silent_is_left_for_another_replica() {
         Some(addresses[1].as_str())
     );
 }
+
+/// A read through one store's replica: shard 0 with `GET_CLUSTER_STATE`, a log shard with
+/// `GET_TRUNCATE` naming it, sent to that store and no other; a replica still catching up
+/// (here: a store that answers the log shard's read with dragonboat's timeout) is an error.
+#[tokio::test]
+async fn a_read_through_a_replica_goes_to_that_store_and_names_the_shard() {
+    use logservice::MethodType as M;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let lagging_on = 1;
+    let address = {
+        let seen = seen.clone();
+        start::<HaKeeper>(move |request: logservice::Request| {
+            seen.lock().unwrap().push(request.clone());
+            let mut response = logservice::Response {
+                request_id: request.request_id,
+                method: request.method,
+                ..Default::default()
+            };
+            let shard = request.log_request.as_ref().map_or(0, |r| r.shard_id);
+            if M::try_from(request.method) == Ok(M::GetTruncate) && shard == lagging_on {
+                response.error_code = mo_rpc::error::code::DRAGONBOAT_TIMEOUT;
+            }
+            Some(response)
+        })
+        .await
+    };
+    let store = mo_rpc::LogStoreClient::new(address, options());
+    store.read_through_replica(0).await.expect("shard 0 read");
+    let error = store.read_through_replica(1).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Timeout, "{error}");
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].method, M::GetClusterState as i32);
+    assert_eq!(seen[1].method, M::GetTruncate as i32);
+    assert_eq!(seen[1].log_request.as_ref().map(|r| r.shard_id), Some(1));
+}

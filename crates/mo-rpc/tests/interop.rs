@@ -119,7 +119,8 @@ async fn hakeeper_methods_against_the_kernels_logservice_server() {
                                               "LeaderID": 2, "Term": 7}}}}},
             "UPDATE_CN_WORK_STATE": {"ErrorCode": 20101,
                                      "ErrorMessage": "internal error: CN [cn-9] does not exist"},
-            "PATCH_CN_STORE": {}, "UPDATE_CN_LABEL": {}, "DELETE_CN_STORE": {}
+            "PATCH_CN_STORE": {}, "UPDATE_CN_LABEL": {}, "DELETE_CN_STORE": {},
+            "GET_TRUNCATE": {"LogResponse": {"ShardID": 1, "Lsn": 5}}
         }),
     )
     .await;
@@ -234,6 +235,20 @@ async fn hakeeper_methods_against_the_kernels_logservice_server() {
         .await
         .expect_err("extension");
     assert_eq!(extension.kind(), ErrorKind::Unsupported, "{extension}");
+    assert_eq!(hakeeper.request().await["Method"], 1001);
+
+    // A read through this store's own replica of the WAL shard, as the kernel decodes it:
+    // GET_TRUNCATE naming shard 1; shard 0 is read with GET_CLUSTER_STATE.
+    let store = mo_rpc::LogStoreClient::new(hakeeper.address.clone(), options());
+    store.read_through_replica(1).await.expect("log shard read");
+    let sent = hakeeper.request().await;
+    assert_eq!(sent["Method"], 4, "GET_TRUNCATE: {sent}");
+    assert_eq!(sent["LogRequest"]["ShardID"], 1);
+    store
+        .read_through_replica(0)
+        .await
+        .expect("HAKeeper shard read");
+    assert_eq!(hakeeper.request().await["Method"], 14);
 }
 
 #[tokio::test]

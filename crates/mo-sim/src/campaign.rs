@@ -22,6 +22,8 @@ pub struct SeedResult {
     pub violations: Vec<Violation>,
     /// What the scenario held ([`classes`]).
     pub classes: Vec<String>,
+    /// The kernel mechanisms the run went through (`Report::kernel_mechanisms`).
+    pub mechanisms: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -33,6 +35,9 @@ pub struct CampaignReport {
     pub by_invariant: BTreeMap<String, u64>,
     /// How many scenarios held each class of disruption ([`classes`]).
     pub by_class: BTreeMap<String, u64>,
+    /// How many scenarios went through each kernel mechanism the safety claims depend on.
+    #[serde(default)]
+    pub by_mechanism: BTreeMap<String, u64>,
     pub wall_seconds: f64,
     pub events: u64,
     /// For each violating seed: the first violation and the command that replays it.
@@ -616,6 +621,7 @@ pub fn check_with(scenario: Scenario, policy: Option<Box<dyn mo_core::Policy>>) 
         events: report.events,
         violations,
         classes,
+        mechanisms: report.kernel_mechanisms.keys().cloned().collect(),
     }
 }
 
@@ -656,10 +662,14 @@ pub fn run_campaign(
     results.sort_by_key(|r| r.seed);
     let mut by_invariant: BTreeMap<String, u64> = BTreeMap::new();
     let mut by_class: BTreeMap<String, u64> = BTreeMap::new();
+    let mut by_mechanism: BTreeMap<String, u64> = BTreeMap::new();
     let mut failures = Vec::new();
     for r in &results {
         for c in &r.classes {
             *by_class.entry(c.clone()).or_default() += 1;
+        }
+        for m in &r.mechanisms {
+            *by_mechanism.entry(m.clone()).or_default() += 1;
         }
         for v in &r.violations {
             *by_invariant.entry(v.invariant.clone()).or_default() += 1;
@@ -681,6 +691,7 @@ pub fn run_campaign(
         violating_seeds: failures.iter().map(|f| f.seed).collect(),
         by_invariant,
         by_class,
+        by_mechanism,
         wall_seconds: started.elapsed().as_secs_f64(),
         events: results.iter().map(|r| r.events).sum(),
         failures,

@@ -73,6 +73,13 @@ pub struct Report {
     /// Simulation events processed.
     pub events: u64,
     pub txns: TxnCounts,
+    /// The kernel's own transactions (see `workload.background`), counted apart from the
+    /// clients' and not judged.
+    #[serde(default)]
+    pub background_txns: TxnCounts,
+    /// How often the run went through each kernel mechanism the safety claims depend on.
+    #[serde(default)]
+    pub kernel_mechanisms: BTreeMap<String, u64>,
     pub errors_by_kind: BTreeMap<String, u64>,
     pub tn_fatal_exits: u64,
     /// Simulated seconds at which the TN exited fatally.

@@ -3,7 +3,7 @@
 
 use crate::duration::Dur;
 use crate::timings::Timings;
-use mo_core::Strategy;
+use mo_core::{Millis, Strategy};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -184,6 +184,36 @@ pub struct WorkloadSpec {
     /// Clients close a connection this old between transactions and open a new one through
     /// the SQL Service, as connection pools do (`None`: they keep it until it breaks).
     pub connection_lifetime: Option<Dur>,
+    /// The kernel's own transactions on every CN (`None`: none, for tests of other rules).
+    pub background: Option<BackgroundSpec>,
+}
+
+/// The kernel runs transactions of its own on every CN, Draining or not: HAKeeper's task
+/// scheduler gives tasks to any CN that has not expired (v1.2.4 `hakeeper/task/task_scheduler.go`
+/// `Schedule`, no work-state filter), and each CN flushes its statement log and refills its
+/// auto-increment cache (measured on a running v1.2.4 kernel: `mo_logger`'s `LOAD DATA`, updates
+/// of `mo_increment_columns`). They lock tables like any transaction, so an idle CN can own lock
+/// tables, hold locks in others' and be counted by a hand-over. Their outcomes are counted apart:
+/// they are not the clients', and a CN told to restart refuses its own (20635) by the kernel's rule.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BackgroundSpec {
+    /// Mean time between two background transactions of one CN (exponential).
+    pub interval: Dur,
+    /// The internal tables they lock (one statement each, in a random order).
+    pub tables: Vec<String>,
+}
+
+impl Default for BackgroundSpec {
+    fn default() -> Self {
+        BackgroundSpec {
+            interval: Dur::secs(10),
+            tables: vec![
+                "mo_catalog.mo_increment_columns".into(),
+                "system.statement_info".into(),
+            ],
+        }
+    }
 }
 
 impl Default for WorkloadSpec {
@@ -203,6 +233,7 @@ impl Default for WorkloadSpec {
             commit_timeout: Dur::secs(60),
             start: Dur::secs(0),
             connection_lifetime: Some(Dur::secs(30)),
+            background: Some(BackgroundSpec::default()),
         }
     }
 }
@@ -615,6 +646,26 @@ impl Scenario {
         }
         if !(w.txn_rate.is_finite() && w.txn_rate > 0.0) {
             return Err(field_err("workload.txn_rate", "must be a positive number"));
+        }
+        if let Some(b) = &w.background {
+            if b.tables.is_empty() {
+                return Err(field_err(
+                    "workload.background.tables",
+                    "at least one table",
+                ));
+            }
+            if b.interval.millis() == Millis::ZERO {
+                return Err(field_err(
+                    "workload.background.interval",
+                    "must be positive",
+                ));
+            }
+            if let Some(t) = b.tables.iter().find(|t| w.tables.contains(t)) {
+                return Err(field_err(
+                    "workload.background.tables",
+                    format!("`{t}` is a client table too"),
+                ));
+            }
         }
         if w.statements_min == 0 || w.statements_min > w.statements_max {
             return Err(field_err(

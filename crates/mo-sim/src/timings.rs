@@ -36,6 +36,12 @@ pub struct Timings {
     // --- HAKeeper expiry (reference: "HAKeeper") ---
     pub cn_expiry: Dur,
     pub tn_expiry: Dur,
+    /// A LOG store's record expires after this (`hakeeper/config.go` `LogStoreExpired`, 5 min).
+    pub log_store_expiry: Dur,
+    /// A proxy's record expires after this (`ProxyStoreExpired`, 30 s).
+    pub proxy_expiry: Dur,
+    /// How often a proxy heartbeats (`proxy/config.go` `defaultHeartbeatInterval`, 3 s).
+    pub proxy_heartbeat: Dur,
     pub heartbeat: Dur,
     /// How often a CN heartbeats (`[cn.hakeeper] hakeeper-heartbeat-interval`, default 1 s),
     /// rounded to the HAKeeper tick (`heartbeat`).
@@ -64,6 +70,10 @@ pub struct Timings {
     /// silent for at least this long, so their binds move 1–2 times this after they went
     /// silent (`lockservice/lock_table_allocator.go` `checkInvalidBinds`).
     pub bind_invalidation: Dur,
+    /// `RemoteLockTimeout`: a lock owner releases the transactions of a requester that has
+    /// been silent this long and fails validation, at a check that runs this often
+    /// (`lockservice/service_remote.go` `unlockTimeoutRemoteTxn`; v1.2.4 `cfg.go` 1 min).
+    pub remote_lock_timeout: Dur,
     pub lock_rpc_latency: Dur,
     /// From SIGTERM to the lock service closing (frontend, pipelines, RPC, gossip close first).
     pub cn_lock_close: Dur,
@@ -99,6 +109,9 @@ impl Default for Timings {
             log_shutdown: Dur::secs(2),
             cn_expiry: Dur::secs(30),
             tn_expiry: Dur::secs(10),
+            log_store_expiry: Dur::mins(5),
+            proxy_expiry: Dur::secs(30),
+            proxy_heartbeat: Dur::secs(3),
             heartbeat: Dur::secs(1),
             cn_heartbeat: Dur::secs(1),
             wal_try_timeout: Dur::mins(1),
@@ -114,6 +127,7 @@ impl Default for Timings {
             cn_tn_wait: Dur::secs(30),
             bind_keepalive: Dur::secs(1),
             bind_invalidation: Dur::secs(10),
+            remote_lock_timeout: Dur::mins(1),
             lock_rpc_latency: Dur::ms(1),
             cn_lock_close: Dur::ms(50),
             cn_shutdown: Dur::secs(1),

@@ -413,6 +413,7 @@ impl Answering {
 
     fn hakeeper(&self, request: logservice::Request) -> Option<logservice::Response> {
         use logservice::MethodType as M;
+        let name = self.name.clone();
         self.with(|plane, key, sim| {
             let mut response = logservice::Response {
                 request_id: request.request_id,
@@ -430,6 +431,25 @@ impl Answering {
             match method {
                 // Every LOG store hosts a replica of the HAKeeper shard.
                 M::CheckHakeeper => response.is_ha_keeper = true,
+                // A read through this store's replica of a log shard (a read index): it answers
+                // once the replica has caught up; until then it waits, and the call times out.
+                M::GetTruncate => {
+                    let shard = request.log_request.as_ref().map_or(0, |r| r.shard_id);
+                    let view = plane.kernel_view(key, sim);
+                    let caught_up = view.hakeeper.as_ref().is_ok_and(|d| {
+                        d.log_shards
+                            .iter()
+                            .filter(|s| s.shard_id == shard)
+                            .flat_map(|s| &s.replicas)
+                            .any(|r| r.store == name && r.caught_up)
+                    });
+                    if !caught_up {
+                        fail(
+                            &mut response,
+                            KernelError::new(code::DRAGONBOAT_TIMEOUT, "timeout"),
+                        );
+                    }
+                }
                 M::GetShardInfo => {
                     let logs: Vec<&PodServer> = sim
                         .servers

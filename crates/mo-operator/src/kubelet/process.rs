@@ -74,7 +74,12 @@ fn signal(pid: u32, sig: Signal) {
 /// SIGKILL to a launcher's process group: the launcher, and with it the container's PID 1
 /// and so every process of the container.
 fn kill_group(pid: u32) {
-    let _ = nix::sys::signal::killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+    signal_group(pid, Signal::SIGKILL);
+}
+
+/// A signal to a launcher's process group (every process of the container).
+fn signal_group(pid: u32, sig: Signal) {
+    let _ = nix::sys::signal::killpg(Pid::from_raw(pid as i32), sig);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1653,10 +1658,11 @@ async fn kill_handler(
             return Err((StatusCode::CONFLICT, format!("container {} is not running", c.spec.name)));
         };
         tracing::info!(pod = %name, container = %c.spec.name, signal = %sig, "killing a container on request");
-        if sig == Signal::SIGKILL {
-            kill_group(r.pid);
-        } else {
-            signal(r.pid, sig);
+        match sig {
+            Signal::SIGKILL => kill_group(r.pid),
+            // A stopped launcher cannot relay a stop: the whole container freezes or resumes.
+            Signal::SIGSTOP | Signal::SIGCONT => signal_group(r.pid, sig),
+            _ => signal(r.pid, sig),
         }
         Ok(Json(json!({"pid": r.pid, "signal": sig.as_str()})))
     })

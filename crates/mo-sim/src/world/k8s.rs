@@ -241,7 +241,10 @@ impl Simulation {
                 }
                 self.tn_stop("TN connection lost: EOF");
             }
-            Component::Cn => self.cn_begin_shutdown(p, cause),
+            Component::Cn => {
+                self.orphan_remote_locks(p);
+                self.cn_begin_shutdown(p, cause);
+            }
             Component::Proxy => self.proxy_begin_shutdown(p),
         }
         self.process_stopped(p);

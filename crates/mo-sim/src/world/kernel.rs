@@ -1,6 +1,6 @@
-//! The MatrixOne kernel: LOG shards (Raft), HAKeeper, the TN with its WAL and lock-table
-//! allocator, the CN lock service with today's restart handshake, and the proxy.
-//! Rules and defaults follow `shared/reference/matrixone.md`.
+//! The MatrixOne kernel's processes: LOG shards (Raft), HAKeeper, the TN with its WAL, CN start
+//! and shutdown, and the proxy. The lock service is in `lockservice.rs`. Rules and defaults
+//! follow `shared/reference/matrixone.md` and `docs/fidelity.md`.
 
 use super::*;
 
@@ -190,12 +190,28 @@ impl Simulation {
         if available != self.hakeeper.was_available {
             self.hakeeper.was_available = available;
             if available {
-                // A new HAKeeper leader starts its expiry clocks afresh.
-                for record in self.hakeeper.cns.values_mut() {
-                    record.last_heartbeat = self.now;
+                // HAKeeper's clock is its replicated tick, which does not advance while its shard
+                // cannot commit: every record is as old as it was when the shard stopped.
+                if let Some(since) = self.hakeeper.ticks_paused_since.take() {
+                    let paused = self.now - since;
+                    for record in self.hakeeper.cns.values_mut() {
+                        record.last_heartbeat += paused;
+                    }
+                    for record in self.hakeeper.log_stores.values_mut() {
+                        record.last_heartbeat += paused;
+                    }
+                    for last in self.hakeeper.proxies.values_mut() {
+                        *last += paused;
+                    }
+                    if let Some((_, at)) = self.hakeeper.tn_last_heartbeat.as_mut() {
+                        *at += paused;
+                    }
                 }
                 self.log("hakeeper", || "available".into());
             } else {
+                if !self.shards[0].can_commit() {
+                    self.hakeeper.ticks_paused_since = Some(self.now);
+                }
                 self.log("hakeeper", || "unavailable".into());
             }
         }
@@ -249,6 +265,8 @@ impl Simulation {
         if self.tn.phase == TnPhase::Running {
             self.hakeeper.tn_last_heartbeat = Some((self.tn.epoch, self.now));
         }
+        self.log_store_heartbeats();
+        self.proxy_heartbeats();
         // A CN beats on the tick its interval is due (half a tick early counts as due).
         let due = self.t.cn_heartbeat.millis() - Millis(self.t.heartbeat.millis().0 / 2);
         let beating: Vec<(PodId, String, u64)> =
@@ -268,6 +286,68 @@ impl Simulation {
         self.expire_stores();
         self.settle_pool();
         self.update_route_state();
+    }
+
+    /// Every running LOG store reports the replicas it runs, with the leader and term each
+    /// follows (`LogStoreHeartbeat`); a replica still replaying its log is not running yet.
+    fn log_store_heartbeats(&mut self) {
+        let stores: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|p| p.component == Component::Log && p.process_alive && !p.sigterm_sent)
+            .map(|p| p.name.clone())
+            .collect();
+        let mut lagging = false;
+        for store in stores {
+            let replicas = self
+                .shards
+                .iter()
+                .enumerate()
+                .filter_map(|(s, shard)| {
+                    let r = shard.replicas.iter().find(|r| r.store == store)?;
+                    if r.state == (ReplicaState::Joined { caught_up: false })
+                        && shard.leader.is_some()
+                    {
+                        lagging = true;
+                    }
+                    matches!(r.state, ReplicaState::Joined { .. }).then_some(ReplicaReport {
+                        shard: s,
+                        leader: shard.leader,
+                        term: shard.term,
+                    })
+                })
+                .collect();
+            self.hakeeper.log_stores.insert(
+                store,
+                LogStoreRecord {
+                    last_heartbeat: self.now,
+                    replicas,
+                },
+            );
+        }
+        if lagging {
+            self.saw("LOG replica following its leader before it caught up");
+        }
+    }
+
+    /// A running proxy heartbeats every `proxy_heartbeat` (registering at its first).
+    fn proxy_heartbeats(&mut self) {
+        let due = self.t.proxy_heartbeat.millis() - Millis(self.t.heartbeat.millis().0 / 2);
+        let beating: Vec<String> = self
+            .proxies
+            .iter()
+            .filter(|(p, x)| x.running && self.pods[**p].process_alive)
+            .map(|(&p, _)| self.pods[p].name.clone())
+            .filter(|name| {
+                self.hakeeper
+                    .proxies
+                    .get(name)
+                    .is_none_or(|last| self.now - *last >= due)
+            })
+            .collect();
+        for name in beating {
+            self.hakeeper.proxies.insert(name, self.now);
+        }
     }
 
     /// A pooled CN whose claim was released becomes Idle once its sessions have moved.
@@ -330,6 +410,23 @@ impl Simulation {
             self.hakeeper.cns.remove(&uuid);
             self.log("hakeeper", || format!("CN {uuid} expired: record deleted"));
         }
+        let tn_expiry = self.t.tn_expiry.millis();
+        if self
+            .hakeeper
+            .tn_last_heartbeat
+            .is_some_and(|(_, at)| now - at > tn_expiry)
+        {
+            self.hakeeper.tn_last_heartbeat = None;
+            self.log("hakeeper", || "TN expired".into());
+        }
+        let log_expiry = self.t.log_store_expiry.millis();
+        self.hakeeper
+            .log_stores
+            .retain(|_, r| now - r.last_heartbeat <= log_expiry);
+        let proxy_expiry = self.t.proxy_expiry.millis();
+        self.hakeeper
+            .proxies
+            .retain(|_, last| now - *last <= proxy_expiry);
     }
 
     // ---------------------------------------------------------------- TN
@@ -411,11 +508,10 @@ impl Simulation {
         // every CN's keepalive is refused and the CN drops its lock tables
         // (`lock_table_keeper.go` `doKeepLockTableBind`): every lock held across the restart is
         // gone, and its transaction aborts at COMMIT. Restart marks and drain ids are lost.
+        // The CNs keep their lock tables (and the transactions they count) until their first
+        // keepalive to the new allocator is refused (`tn_started`).
         self.tn.allocator = Allocator::default();
         self.tn.binds_lost_up_to = self.bind_version_bump;
-        for cn in self.cns.values_mut() {
-            cn.holders.clear();
-        }
         self.kernel_drains.clear();
         for cn in self.cns.values_mut() {
             cn.kernel_drain = None;
@@ -444,6 +540,17 @@ impl Simulation {
         let p = self.tn.pod;
         self.pods[p].ready = true;
         self.log("tn", || "running".into());
+        // Every CN's next keepalive reaches an allocator that does not know it: refused, so
+        // the CN drops the lock tables it owned (`lock_table_keeper.go` `doKeepLockTableBind`).
+        let open: Vec<(PodId, u64)> = self
+            .cns
+            .iter()
+            .filter(|(_, c)| c.lock_open)
+            .map(|(&p, c)| (p, c.epoch))
+            .collect();
+        for (p, epoch) in open {
+            self.schedule_keepalive(p, epoch);
+        }
         self.on_log_change();
         self.finish_cn_starts();
     }
@@ -574,8 +681,11 @@ impl Simulation {
         cn.lock_open = false;
         cn.heartbeats = heartbeats;
         cn.restart_mode = RestartMode::None;
+        cn.restart_time = None;
         cn.kernel_drain = None;
+        cn.keepalive_due = false;
         cn.holders.clear();
+        cn.stale_holders.clear();
         cn.sessions.clear();
         self.after(self.t.cn_start, Ev::CnStarted(p, epoch));
         let limit = self.t.cn_hakeeper_wait.millis() + self.t.cn_tn_wait.millis();
@@ -606,19 +716,20 @@ impl Simulation {
         cn.phase = CnPhase::Running;
         cn.lock_open = true;
         self.pods[p].ready = true;
-        // Same UUID, new instance: it takes its old binds over with version + 1.
-        let me = Instance { pod: p, epoch };
-        let mut taken = 0;
-        for bind in self.tn.allocator.binds.values_mut() {
-            if bind.uuid == uuid && bind.owner != me {
-                bind.owner = me;
-                self.bind_version_bump += 1;
-                bind.version = self.bind_version_bump;
-                taken += 1;
-            }
+        if self
+            .tn
+            .allocator
+            .binds
+            .values()
+            .any(|b| b.uuid == uuid && b.owner.pod == p && b.owner.epoch != epoch)
+        {
+            self.saw("CN restarted while its old instance's binds were still valid");
         }
+        // Same UUID, new service id (start time + UUID, `lockservice/service.go`): the binds
+        // of the old instance stay valid until the allocator invalidates them (`bind_invalidate`);
+        // until then the new instance answers their lockers "bind changed".
         let name = self.pods[p].name.clone();
-        self.log("cn", || format!("{name} running (took over {taken} binds)"));
+        self.log("cn", || format!("{name} running"));
         if self.hakeeper_available() && self.cns[&p].heartbeats {
             self.cn_heartbeat(p, &uuid, epoch);
         }
@@ -650,10 +761,15 @@ impl Simulation {
         }
         cn.phase = CnPhase::Stopping;
         cn.stop_cause = cause;
+        let me = Instance {
+            pod: p,
+            epoch: cn.epoch,
+        };
         let sessions: Vec<ClientId> = std::mem::take(&mut cn.sessions).into_iter().collect();
         for c in sessions {
             self.session_broken(c, "connection closed by CN", cause);
         }
+        self.end_background_work_on(me, cause);
         self.update_route_state();
     }
 
@@ -667,21 +783,7 @@ impl Simulation {
         cn.lock_open = false;
         let name = self.pods[p].name.clone();
         self.log("cn", || format!("{name}: lock service closed"));
-        let at = self.bind_invalidation_at(self.now);
-        self.schedule(at, Ev::BindInvalidate(p, epoch));
-    }
-
-    /// When the allocator first finds an owner silent since `silent_since`: its check
-    /// (`checkInvalidBinds`) runs every `keepBindTimeout` from the allocator's start and takes
-    /// the services whose last keepalive is at least that old (`serviceBinds.timeout`), so the
-    /// binds move 10–20 s after the owner went silent, by the timer's phase. (The owner's last
-    /// keepalive came up to `bind_keepalive` before it closed: the model dates it at the close.)
-    pub(crate) fn bind_invalidation_at(&self, silent_since: Millis) -> Millis {
-        let period = self.t.bind_invalidation.millis().0.max(1);
-        let start = self.tn.allocator.checks_since.0;
-        let due = silent_since.0 + period;
-        let rounds = due.saturating_sub(start).div_ceil(period).max(1);
-        Millis(start + rounds * period)
+        self.schedule_invalidation(Instance { pod: p, epoch });
     }
 
     pub(crate) fn cn_process_exited(&mut self, p: PodId) {
@@ -696,137 +798,21 @@ impl Simulation {
         for c in sessions {
             self.session_broken(c, "connection closed by CN", cause);
         }
+        let me = Instance { pod: p, epoch };
         if was_open {
-            let at = self.bind_invalidation_at(self.now);
-            self.schedule(at, Ev::BindInvalidate(p, epoch));
+            self.schedule_invalidation(me);
         }
-    }
-
-    /// The allocator invalidates the binds of a service that went silent.
-    pub(crate) fn bind_invalidate(&mut self, p: PodId, epoch: u64) {
-        if self.tn.phase != TnPhase::Running {
-            return;
-        }
-        let owner = Instance { pod: p, epoch };
-        let before = self.tn.allocator.binds.len();
-        self.tn.allocator.binds.retain(|_, b| b.owner != owner);
-        let moved = before - self.tn.allocator.binds.len();
-        if moved > 0 {
-            let name = self.pods[p].name.clone();
-            self.log("allocator", || {
-                format!("binds of silent {name} invalidated ({moved} tables)")
-            });
-        }
-    }
-
-    /// `SetRestartService(uuid)`: names a UUID, so whichever instance holds it is affected.
-    pub(crate) fn set_restart_service(&mut self, uuid: &str) -> Result<(), mo_core::ActionError> {
-        if self.tn.phase != TnPhase::Running {
-            return Err(mo_core::ActionError::Unavailable(
-                "lock allocator (TN) unavailable".into(),
-            ));
-        }
-        let target: Vec<(PodId, u64)> = self
+        // Owners that still count this instance's transactions release them at their orphan
+        // check once it has been silent for `RemoteLockTimeout` and fails validation.
+        let owners: Vec<(PodId, u64)> = self
             .cns
             .iter()
-            .filter(|(_, c)| c.uuid == uuid && c.lock_open)
-            .map(|(&p, c)| (p, c.epoch))
+            .filter(|(_, o)| o.lock_open && o.stale_holders.values().any(|r| *r == me))
+            .map(|(&o, c)| (o, c.epoch))
             .collect();
-        // A new request starts a fresh handshake on the service record of whichever instance
-        // holds the UUID now. A UUID this allocator does not know gets no record at all: the
-        // kernel only logs, and its CN never hears of the request.
-        let known = self.tn.allocator.services.contains(uuid);
-        if !known {
-            self.log("allocator", || {
-                format!("not found restart lock service {uuid}: answering (true, 0)")
-            });
-        }
-        self.tn.allocator.restart_marks.insert(
-            uuid.to_string(),
-            RestartMark {
-                unlock_success: false,
-                epoch: target.first().map(|(_, e)| *e),
-                known,
-            },
-        );
-        if !known {
-            return Ok(());
-        }
-        for (p, epoch) in target {
-            self.after(self.t.bind_keepalive, Ev::CnKeepalive(p, epoch));
-        }
-        Ok(())
-    }
-
-    /// The CN's bind keepalive: it learns it is to restart, stops granting new locks and hands
-    /// its tables over once no active transaction remains.
-    pub(crate) fn cn_keepalive(&mut self, p: PodId, epoch: u64) {
-        if self.tn.phase != TnPhase::Running {
-            self.after(self.t.bind_keepalive, Ev::CnKeepalive(p, epoch));
-            return;
-        }
-        let Some(cn) = self.cns.get_mut(&p) else {
-            return;
-        };
-        if cn.epoch != epoch || !cn.lock_open {
-            return;
-        }
-        let marked = self
-            .tn
-            .allocator
-            .restart_marks
-            .get(&cn.uuid)
-            .is_some_and(|m| m.known && m.epoch == Some(epoch));
-        if !marked && cn.kernel_drain.is_none() {
-            return;
-        }
-        if cn.restart_mode == RestartMode::None {
-            cn.restart_mode = RestartMode::Waiting;
-            let name = self.pods[p].name.clone();
-            self.log("cn", || {
-                format!("{name}: restart requested, refusing new locks")
-            });
-        }
-        self.check_unlock(p);
-        if self.cns[&p].restart_mode == RestartMode::Waiting {
-            self.after(self.t.bind_keepalive, Ev::CnKeepalive(p, epoch));
-        }
-    }
-
-    pub(crate) fn check_unlock(&mut self, p: PodId) {
-        let Some(cn) = self.cns.get_mut(&p) else {
-            return;
-        };
-        // A CN that already handed everything over reports it again to a new request (for
-        // example after a TN restart lost the allocator's marks).
-        let repeat = cn.restart_mode == RestartMode::UnlockSuccess;
-        if !(repeat || cn.restart_mode == RestartMode::Waiting && cn.holders.is_empty()) {
-            return;
-        }
-        cn.restart_mode = RestartMode::UnlockSuccess;
-        cn.confirmed_epoch = Some(cn.epoch);
-        let owner = Instance {
-            pod: p,
-            epoch: cn.epoch,
-        };
-        let uuid = cn.uuid.clone();
-        self.tn.allocator.binds.retain(|_, b| b.owner != owner);
-        if let Some(mark) = self.tn.allocator.restart_marks.get_mut(&uuid)
-            && mark.epoch == Some(owner.epoch)
-        {
-            mark.unlock_success = true;
-        }
-        if let Some(id) = self.cns[&p].kernel_drain
-            && let Some(drain) = self.kernel_drains.get_mut(&id)
-            && drain.state == KernelDrainState::Pending
-        {
-            drain.state = KernelDrainState::Done;
-        }
-        if !repeat {
-            let name = self.pods[p].name.clone();
-            self.log("cn", || {
-                format!("{name}: unlock success, tables handed over")
-            });
+        for (o, o_epoch) in owners {
+            let at = self.orphan_check_at(o, self.now);
+            self.schedule(at, Ev::OrphanCheck(o, o_epoch));
         }
     }
 
@@ -849,7 +835,10 @@ impl Simulation {
         if self.proxies.get(&p).is_some_and(|x| x.epoch == epoch) && self.pods[p].process_alive {
             self.proxies.get_mut(&p).expect("checked").running = true;
             self.pods[p].ready = true;
-            self.refresh_proxies();
+            // It loads the CN list at start, then every `proxy_refresh` on its own timer.
+            self.refresh_proxy(p);
+            self.update_route_state();
+            self.after(self.t.proxy_refresh, Ev::ProxyRefresh(p, epoch));
         }
     }
 
@@ -929,19 +918,20 @@ impl Simulation {
         }
     }
 
-    pub(crate) fn refresh_proxies(&mut self) {
-        if self.hakeeper_available() {
-            let cache: Vec<(String, WorkState)> = self
-                .hakeeper
-                .cns
-                .iter()
-                .map(|(u, r)| (u.clone(), r.work_state))
-                .collect();
-            for proxy in self.proxies.values_mut().filter(|x| x.running) {
-                proxy.cache = cache.clone();
-            }
+    /// The proxy reloads its CN list from HAKeeper (a failed load keeps the old list).
+    pub(crate) fn refresh_proxy(&mut self, p: PodId) {
+        if !self.hakeeper_available() {
+            return;
         }
-        self.update_route_state();
+        let cache: Vec<(String, WorkState)> = self
+            .hakeeper
+            .cns
+            .iter()
+            .map(|(u, r)| (u.clone(), r.work_state))
+            .collect();
+        if let Some(proxy) = self.proxies.get_mut(&p).filter(|x| x.running) {
+            proxy.cache = cache;
+        }
     }
 
     /// CN pod that serves `uuid` for the workload right now, if any.
@@ -1024,118 +1014,6 @@ impl Simulation {
             self.drop_session(c);
             self.attach_session(c, proxy_pod, target);
             self.clients[c].connected_at = connected_at;
-        }
-    }
-
-    // ------------------------------------------- Instance-bound drain protocol
-
-    /// `BeginDrain(instance)`: only the live instance HAKeeper reports with that start epoch can
-    /// be drained.
-    pub(crate) fn begin_drain(
-        &mut self,
-        uuid: &str,
-        start_epoch: u64,
-    ) -> Result<u64, mo_core::ActionError> {
-        use mo_core::ActionError;
-        if !self.drain_protocol {
-            return Err(ActionError::Unsupported("BeginDrain".into()));
-        }
-        if self.tn.phase != TnPhase::Running {
-            return Err(ActionError::Unavailable(
-                "lock allocator (TN) unavailable".into(),
-            ));
-        }
-        let Some((&p, cn)) = self.cns.iter().find(|(_, c)| c.uuid == uuid && c.lock_open) else {
-            return Err(ActionError::DoesNotExist(format!(
-                "no running instance of CN {uuid}"
-            )));
-        };
-        // The only instance id the kernel reports is its HAKeeper record's UpTime, which a
-        // restart before the record expires keeps: the extension checks that, no more.
-        let reported = self.hakeeper.cns.get(uuid).map(|r| r.epoch);
-        if reported != Some(start_epoch) {
-            return Err(ActionError::Conflict(format!(
-                "instance mismatch: CN {uuid} reports start epoch {reported:?}, not {start_epoch}"
-            )));
-        }
-        if let Some(id) = cn.kernel_drain
-            && self
-                .kernel_drains
-                .get(&id)
-                .is_some_and(|d| d.state != KernelDrainState::Cancelled)
-        {
-            return Ok(id); // idempotent
-        }
-        self.drain_counter += 1;
-        let id = self.drain_counter;
-        let instance = Instance {
-            pod: p,
-            epoch: cn.epoch,
-        };
-        self.kernel_drains.insert(
-            id,
-            KernelDrain {
-                instance,
-                state: KernelDrainState::Pending,
-            },
-        );
-        self.cns.get_mut(&p).expect("found above").kernel_drain = Some(id);
-        self.after(self.t.bind_keepalive, Ev::CnKeepalive(p, instance.epoch));
-        let name = self.pods[p].name.clone();
-        self.log("allocator", || {
-            format!("BeginDrain({name}, epoch {start_epoch}) -> drain {id}")
-        });
-        Ok(id)
-    }
-
-    pub(crate) fn cancel_drain(&mut self, id: u64) -> Result<(), mo_core::ActionError> {
-        use mo_core::ActionError;
-        if !self.drain_protocol {
-            return Err(ActionError::Unsupported("CancelDrain".into()));
-        }
-        if self.tn.phase != TnPhase::Running {
-            return Err(ActionError::Unavailable(
-                "lock allocator (TN) unavailable".into(),
-            ));
-        }
-        let drain = self
-            .kernel_drains
-            .get_mut(&id)
-            .ok_or_else(|| ActionError::DoesNotExist(format!("drain {id}")))?;
-        drain.state = KernelDrainState::Cancelled;
-        let instance = drain.instance;
-        if let Some(cn) = self.cns.get_mut(&instance.pod)
-            && cn.epoch == instance.epoch
-            && cn.kernel_drain == Some(id)
-        {
-            cn.kernel_drain = None;
-            // Today's handshake, if also asked for this instance, keeps it restarting.
-            let handshake = self
-                .tn
-                .allocator
-                .restart_marks
-                .get(&cn.uuid)
-                .is_some_and(|m| m.epoch == Some(instance.epoch));
-            if !handshake {
-                cn.restart_mode = RestartMode::None;
-            }
-        }
-        Ok(())
-    }
-
-    pub(crate) fn query_drain(&self, drain: &KernelDrain) -> mo_core::DrainAnswer {
-        use mo_core::DrainAnswer;
-        match drain.state {
-            KernelDrainState::Done => DrainAnswer::Done,
-            KernelDrainState::Cancelled => DrainAnswer::Cancelled,
-            KernelDrainState::Pending => match self.cns.get(&drain.instance.pod) {
-                Some(cn) if cn.epoch == drain.instance.epoch && cn.lock_open => {
-                    DrainAnswer::Pending {
-                        remaining_txns: cn.holders.len() as u64,
-                    }
-                }
-                _ => DrainAnswer::InstanceGone,
-            },
         }
     }
 }

@@ -5,6 +5,7 @@
 
 mod k8s;
 mod kernel;
+mod lockservice;
 mod observer;
 mod workload;
 
@@ -114,7 +115,8 @@ pub(crate) enum Ev {
     Scenario(usize),
     OperatorTick,
     HeartbeatTick,
-    ProxyRefresh,
+    /// One proxy's CN-list refresh (each on its own timer from its start).
+    ProxyRefresh(PodId, u64),
     ProxyRebalance,
     ConsolidationTick,
     EvictionRetry(usize),
@@ -150,6 +152,7 @@ pub(crate) enum Ev {
     CnLockClose(PodId, u64),
     CnKeepalive(PodId, u64),
     BindInvalidate(PodId, u64),
+    OrphanCheck(PodId, u64),
     ProxyStarted(PodId, u64),
     ImagePulled(usize, usize),
     LeaderTransfer {
@@ -211,27 +214,46 @@ pub(crate) struct Bind {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Allocator {
     pub binds: BTreeMap<String, Bind>,
-    /// Today's handshake, keyed by UUID (not by instance: the hazard the reports describe).
-    pub restart_marks: BTreeMap<String, RestartMark>,
-    /// The services this allocator knows: a CN registers at its first `GetBind` since the
-    /// allocator started (v1.2.4 `lockservice/lock_table_allocator.go` `Get` →
-    /// `registerService`), owner or not. The handshake's answers depend on it.
-    pub services: BTreeSet<String>,
+    /// The lock services this allocator knows (`serviceBinds`), keyed by the process: the
+    /// kernel keys them by service id, the CN's start time and UUID, so a CN restarted with the
+    /// same UUID is a second entry beside the old one until the old one is removed. A CN
+    /// registers at its first `GetBind` since the allocator started (v1.2.4
+    /// `lockservice/lock_table_allocator.go` `Get` → `registerService`), owner or not.
+    pub services: BTreeMap<Instance, ServiceEntry>,
     /// When this allocator's invalidation check began (`checkInvalidBinds`: a timer of
     /// `keepBindTimeout`, reset after every round).
     pub checks_since: Millis,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct RestartMark {
-    pub unlock_success: bool,
-    /// The instance (start epoch) whose service record the mark was set on. The answer to
-    /// `CanRestartService(uuid)` does not say which instance it is about.
-    pub epoch: Option<u64>,
-    /// Whether the allocator knew the UUID when asked. For one it did not know,
-    /// `setRestartService` only logs "not found restart lock service", and
-    /// `canRestartService` / `remainTxnInService` answer (true, 0) from then on.
-    pub known: bool,
+/// The allocator's side of the restart handshake for one entry (`pb.Status` in `serviceBinds`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EntryStatus {
+    Enable,
+    /// `SetRestartService` set it; the CN learns at its next keepalive.
+    Waiting,
+    /// The CN reported "unlock success": the entry is disabled, its binds invalid.
+    CanRestart,
+}
+
+/// One lock service as the allocator knows it (`serviceBinds`).
+#[derive(Clone, Debug)]
+pub(crate) struct ServiceEntry {
+    pub uuid: String,
+    pub status: EntryStatus,
+    /// Set with `CanRestart`: keepalives are refused (`active` answers false) and the entry's
+    /// keepalive time no longer moves; a second `SetRestartService` sets it back to Waiting,
+    /// where it stays (the wedge: `canRestartService` false, `remainTxnInService` −1).
+    pub disabled_at: Option<Millis>,
+    /// The transaction ids the CN reported at its last keepalive while not Enable (`txnIDs`):
+    /// what `remainTxnInService` counts.
+    pub reported_txns: usize,
+}
+
+pub(crate) fn splitmix(seed: u64) -> u64 {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -284,8 +306,11 @@ impl Cn {
             epoch,
             lock_open: false,
             heartbeats: true,
+            keepalive_due: false,
             restart_mode: RestartMode::None,
+            restart_time: None,
             holders: BTreeSet::new(),
+            stale_holders: BTreeMap::new(),
             sessions: BTreeSet::new(),
             confirmed_epoch: None,
             kernel_drain: None,
@@ -294,12 +319,14 @@ impl Cn {
     }
 }
 
+/// The CN's own lock-service status (`pb.Status` in `lockservice/service.go`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RestartMode {
     None,
     /// Refuses new locks except to transactions already active here.
     Waiting,
-    /// Tables handed over, no transaction left.
+    /// No active transaction left (`ServiceUnLockSucc`, later `ServiceCanRestart`); the
+    /// allocator learns it at the next keepalive.
     UnlockSuccess,
 }
 
@@ -310,11 +337,24 @@ pub(crate) struct Cn {
     pub epoch: u64,
     pub lock_open: bool,
     pub heartbeats: bool,
+    /// A bind keepalive of this instance is scheduled (the model runs the 1 s keepalive only
+    /// while it can change something: a handshake, or the first one to a new allocator).
+    pub keepalive_due: bool,
     pub restart_mode: RestartMode,
+    /// When it learnt it is to restart (`restartTime`): transactions whose snapshot is not
+    /// newer may still lock the tables it references.
+    pub restart_time: Option<Millis>,
     /// Transactions holding locks on tables this CN owns (local or remote holders).
     pub holders: BTreeSet<TxnId>,
+    /// Transactions this lock service still counts as active though they ended, with the CN
+    /// instance that ran them: a remote holder whose CN died without unlocking (an orphan), or
+    /// whose unlock came under a bind a TN restart changed and was refused (v1.2.4
+    /// `service_remote.go` `handleRemoteUnlock`). Only the orphan check removes them, once the
+    /// requester's instance is gone (`unlockTimeoutRemoteTxn`, `getTimeoutRemoveTxn`).
+    pub stale_holders: BTreeMap<TxnId, Instance>,
     pub sessions: BTreeSet<ClientId>,
-    /// The epoch whose handshake reached "unlock success" (confirmation for that instance).
+    /// The epoch whose tables the allocator took back ("can restart", or the extension's
+    /// drain done): the ground truth of a hand-over for that instance.
     pub confirmed_epoch: Option<u64>,
     /// Instance-bound kernel drain in progress, if any.
     pub kernel_drain: Option<u64>,
@@ -335,10 +375,32 @@ pub(crate) struct CnRecord {
     pub version: String,
 }
 
+/// What a LOG store told HAKeeper about one of its replicas at its last heartbeat: the shard,
+/// and the leader and term it follows (`LogReplicaInfo`; nothing about how far its log is).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ReplicaReport {
+    pub shard: usize,
+    pub leader: Option<usize>,
+    pub term: u64,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct LogStoreRecord {
+    pub last_heartbeat: Millis,
+    pub replicas: Vec<ReplicaReport>,
+}
+
 #[derive(Clone, Debug, Default)]
 pub(crate) struct HaKeeper {
     pub cns: BTreeMap<String, CnRecord>,
     pub tn_last_heartbeat: Option<(u64, Millis)>,
+    /// LOG stores by name (heartbeat every `log_heartbeat`; expire after `log_store_expiry`).
+    pub log_stores: BTreeMap<String, LogStoreRecord>,
+    /// Proxies by pod name: their last heartbeat (every `proxy_heartbeat`; expire after
+    /// `proxy_expiry`).
+    pub proxies: BTreeMap<String, Millis>,
+    /// Since when HAKeeper's shard could not commit, so its tick stood still.
+    pub ticks_paused_since: Option<Millis>,
     pub outage_until: Option<Millis>,
     pub was_available: bool,
 }
@@ -375,6 +437,8 @@ pub(crate) struct HeldLock {
 pub(crate) struct Txn {
     pub client: ClientId,
     pub cn: Instance,
+    /// When the transaction began (what a CN's `GetTxnInfo` reports as its creation time).
+    pub created_at: Millis,
     pub tables: Vec<usize>,
     pub next_stmt: usize,
     pub stage: TxnStage,
@@ -386,6 +450,25 @@ pub(crate) struct Txn {
     pub timeout_armed: bool,
     /// Whether the client has been told an outcome.
     pub reported: bool,
+}
+
+impl Txn {
+    /// A transaction about to run its first statement.
+    pub(crate) fn new(client: ClientId, cn: Instance, now: Millis, tables: Vec<usize>) -> Txn {
+        Txn {
+            client,
+            cn,
+            created_at: now,
+            tables,
+            next_stmt: 0,
+            stage: TxnStage::Statements,
+            locks: Vec::new(),
+            tn_wait_deadline: None,
+            commit_sent_at: Millis::ZERO,
+            timeout_armed: false,
+            reported: false,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -400,6 +483,9 @@ pub(crate) struct Client {
     /// When its connection through the proxy was opened (clients close connections older than
     /// the workload's `connection_lifetime` between transactions, as connection pools do).
     pub connected_at: Millis,
+    /// Not a client: the kernel's own background work on this CN pod (by name, so it follows
+    /// the pod across restarts).
+    pub background_on: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -509,8 +595,17 @@ pub struct Simulation {
     pub(crate) last_failure: String,
     pub(crate) upgrade: Option<UpgradeSpec>,
 
+    /// The clients' tables first, then the kernel's internal ones.
     pub(crate) tables: Vec<String>,
+    pub(crate) client_tables: usize,
     pub(crate) clients: Vec<Client>,
+    /// Draws of the background transactions, apart from the clients' (which stay as they were
+    /// with background work on or off).
+    pub(crate) background_rng: ChaCha8Rng,
+    pub(crate) background_counts: TxnCounts,
+    /// How often the run went through each kernel mechanism the safety claims depend on (what
+    /// a clean campaign shows it covered).
+    pub(crate) mechanisms: BTreeMap<&'static str, u64>,
     pub(crate) txns: BTreeMap<TxnId, Txn>,
     pub(crate) txn_counter: TxnId,
     pub(crate) bind_version_bump: u64,
@@ -648,8 +743,18 @@ impl Simulation {
             seen: (0, 0, 0),
             last_failure: String::new(),
             upgrade: None,
-            tables: scenario.workload.tables.clone(),
+            tables: scenario
+                .workload
+                .tables
+                .iter()
+                .chain(scenario.workload.background.iter().flat_map(|b| &b.tables))
+                .cloned()
+                .collect(),
+            client_tables: scenario.workload.tables.len(),
             clients: vec![Client::default(); scenario.workload.clients],
+            background_rng: ChaCha8Rng::seed_from_u64(scenario.seed ^ 0x6b67_726e_6477_726b),
+            background_counts: TxnCounts::default(),
+            mechanisms: BTreeMap::new(),
             txns: BTreeMap::new(),
             txn_counter: 0,
             bind_version_bump: 1,
@@ -744,13 +849,13 @@ impl Simulation {
             self.tn.pod = tn;
         }
         self.schedule(self.t.heartbeat.millis(), Ev::HeartbeatTick);
-        self.schedule(self.t.proxy_refresh.millis(), Ev::ProxyRefresh);
         self.schedule(self.t.proxy_rebalance.millis(), Ev::ProxyRebalance);
         let start = self.scenario.workload.start.millis();
         for c in 0..self.clients.len() {
             let jitter = Millis(rand::Rng::random_range(&mut self.rng, 0..1000));
             self.schedule(start + jitter, Ev::ClientNext(c));
         }
+        self.start_background_work();
         let line = format!("cold start: {} pods expected", self.pods.len());
         self.log("sim", || line);
     }
@@ -825,11 +930,11 @@ impl Simulation {
             let pod = self.pod_by_name[&lt.owner];
             // A bind's owner got it through GetBind, which registered it with the allocator.
             let uuid = self.cns[&pod].uuid.clone();
-            self.tn.allocator.services.insert(uuid);
             let owner = Instance {
                 pod,
                 epoch: self.pods[pod].epoch,
             };
+            self.tn.allocator.register(owner, &uuid);
             self.tn.allocator.binds.insert(
                 lt.table.clone(),
                 Bind {
@@ -839,12 +944,19 @@ impl Simulation {
                 },
             );
         }
-        self.refresh_proxies();
+        // Every proxy has loaded the CN list once, each at its own phase of the refresh timer.
+        let proxies: Vec<(PodId, u64)> = self.proxies.iter().map(|(&p, x)| (p, x.epoch)).collect();
+        let period = self.t.proxy_refresh.millis().0.max(1);
+        for (p, epoch) in proxies {
+            self.refresh_proxy(p);
+            let phase = splitmix(self.scenario.seed ^ (p as u64).rotate_left(40)) % period;
+            self.schedule(Millis(phase), Ev::ProxyRefresh(p, epoch));
+        }
+        self.update_route_state();
 
         // Periodic and scheduled events.
         self.schedule(Millis::ZERO, Ev::OperatorTick);
         self.schedule(self.t.heartbeat.millis(), Ev::HeartbeatTick);
-        self.schedule(self.t.proxy_refresh.millis(), Ev::ProxyRefresh);
         self.schedule(self.t.proxy_rebalance.millis(), Ev::ProxyRebalance);
         if let Some(c) = &self.scenario.consolidation {
             self.schedule(c.start.millis(), Ev::ConsolidationTick);
@@ -859,6 +971,7 @@ impl Simulation {
             let jitter = Millis(rand::Rng::random_range(&mut self.rng, 0..1000));
             self.schedule(start + jitter, Ev::ClientNext(c));
         }
+        self.start_background_work();
         let line = format!(
             "start: {} pods on {} nodes, policy {}",
             self.pods.len(),
@@ -899,6 +1012,11 @@ impl Simulation {
             let line = format!("{:>12} {:<10} {}", self.now.to_string(), source, message());
             self.event_log.push(line);
         }
+    }
+
+    /// Counts one pass through a kernel mechanism (see `mechanisms`).
+    pub(crate) fn saw(&mut self, mechanism: &'static str) {
+        *self.mechanisms.entry(mechanism).or_default() += 1;
     }
 
     pub(crate) fn next_epoch(&mut self) -> u64 {
@@ -979,9 +1097,16 @@ impl Simulation {
                 self.heartbeat_tick();
                 self.after(self.t.heartbeat, Ev::HeartbeatTick);
             }
-            Ev::ProxyRefresh => {
-                self.refresh_proxies();
-                self.after(self.t.proxy_refresh, Ev::ProxyRefresh);
+            Ev::ProxyRefresh(p, epoch) => {
+                if self
+                    .proxies
+                    .get(&p)
+                    .is_some_and(|x| x.epoch == epoch && x.running)
+                {
+                    self.refresh_proxy(p);
+                    self.update_route_state();
+                    self.after(self.t.proxy_refresh, Ev::ProxyRefresh(p, epoch));
+                }
             }
             Ev::ProxyRebalance => {
                 self.rebalance_sessions();
@@ -1022,6 +1147,7 @@ impl Simulation {
             Ev::CnLockClose(p, e) => self.cn_lock_close(p, e),
             Ev::CnKeepalive(p, e) => self.cn_keepalive(p, e),
             Ev::BindInvalidate(p, e) => self.bind_invalidate(p, e),
+            Ev::OrphanCheck(p, e) => self.orphan_check(p, e),
             Ev::ProxyStarted(p, e) => self.proxy_started(p, e),
             Ev::ImagePulled(node, version) => {
                 let version = self.versions[version].clone();
@@ -1382,6 +1508,12 @@ impl Simulation {
             wall_seconds,
             events: self.events_processed,
             txns: self.counts.clone(),
+            background_txns: self.background_counts.clone(),
+            kernel_mechanisms: self
+                .mechanisms
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
             errors_by_kind: errors,
             tn_fatal_exits: self.tn_fatal_exit_times.len() as u64,
             tn_fatal_exit_times: self

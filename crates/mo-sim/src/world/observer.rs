@@ -7,7 +7,7 @@ use super::*;
 use mo_core::{
     Action, ActionError, ActionOutput, AllocatorView, ClusterDetails, CnActivity, CnStoreView,
     DesiredState, HeartbeatIntervals, LogReplicaView, LogShardView, Observation, ObservationError,
-    OldestTxn, PodObservation, PodPhase, PolicyNote, RestartAnswer, TnStoreView,
+    OldestTxn, PodObservation, PodPhase, PolicyNote, TnStoreView,
 };
 
 impl Simulation {
@@ -46,34 +46,21 @@ impl Simulation {
         } else {
             Ok(self.cluster_details())
         };
+        // Asked as the operator asks: for every CN HAKeeper shows Draining.
+        let draining: Vec<String> = self
+            .hakeeper
+            .cns
+            .iter()
+            .filter(|(_, r)| r.work_state == WorkState::Draining)
+            .map(|(u, _)| u.clone())
+            .collect();
         let lock_allocator = if self.tn.phase == TnPhase::Running {
-            let restarting = self
-                .tn
-                .allocator
-                .restart_marks
+            let restarting = draining
                 .iter()
-                .map(|(uuid, mark)| {
-                    if !mark.known {
-                        // `canRestartService` and `remainTxnInService` for a service the
-                        // allocator has no entry for.
-                        let answer = RestartAnswer {
-                            can_restart: true,
-                            remaining_txns: 0,
-                        };
-                        return (uuid.clone(), answer);
-                    }
-                    let live = self
-                        .cns
-                        .values()
-                        .find(|c| &c.uuid == uuid && c.phase != CnPhase::Down);
-                    let remaining = live.map_or(-1, |c| c.holders.len() as i64);
-                    (
-                        uuid.clone(),
-                        RestartAnswer {
-                            can_restart: mark.unlock_success && !self.fault_handover_never_confirms,
-                            remaining_txns: remaining,
-                        },
-                    )
+                .map(|uuid| {
+                    let mut answer = self.tn.allocator.restart_answer(uuid, self.now);
+                    answer.can_restart &= !self.fault_handover_never_confirms;
+                    (uuid.clone(), answer)
                 })
                 .collect();
             let drains = self
@@ -91,45 +78,39 @@ impl Simulation {
                 "lock allocator (TN) is down".into(),
             ))
         };
-        let cn_activity = self
-            .cns
-            .iter()
-            .filter(|(p, _)| self.pods[**p].status != PodStatus::Gone)
-            .map(|(&p, cn)| {
-                let answer = if cn.phase == CnPhase::Running {
-                    Ok(CnActivity {
-                        sessions: cn.sessions.len() as u32,
-                        pipelines: 0,
-                        replicas: 0,
-                        // The model's query service answers neither GetLockInfo nor
-                        // GetTxnInfo: a wedged hand-over is never confirmed by them here.
-                        locks: None,
-                        oldest_txn: OldestTxn::NotRead,
-                        live_lock_holders: None,
-                    })
-                } else {
-                    Err(ObservationError::Unavailable(
-                        "query service not answering".into(),
-                    ))
-                };
-                (self.pods[p].name.clone(), answer)
-            })
-            .collect();
+        let cn_activity = self.cn_activity(&draining);
+        // What the operator can know of a proxy's routes: whether it heartbeats to HAKeeper,
+        // and how many Working, fresh CNs HAKeeper lists (not the proxy's own cached list).
+        let intervals = self.heartbeat_intervals();
+        let routable = match &hakeeper {
+            Ok(d) => d
+                .cns
+                .iter()
+                .filter(|c| {
+                    c.work_state == WorkState::Working && c.heartbeat_age <= intervals.cn_fresh()
+                })
+                .count() as u32,
+            Err(_) => 0,
+        };
         let proxy_routes = self
             .proxies
-            .iter()
-            .filter(|(p, _)| self.pods[**p].status != PodStatus::Gone)
-            .map(|(&p, proxy)| {
-                let answer = if proxy.running {
-                    Ok(proxy
-                        .cache
-                        .iter()
-                        .filter(|(u, s)| self.routable_cn(u, *s).is_some())
-                        .count() as u32)
-                } else {
-                    Err(ObservationError::Unavailable("proxy not running".into()))
+            .keys()
+            .filter(|p| self.pods[**p].status != PodStatus::Gone)
+            .map(|&p| {
+                let name = self.pods[p].name.clone();
+                let answer = match (&hakeeper, self.hakeeper.proxies.get(&name)) {
+                    (Err(e), _) => Err(e.clone()),
+                    (Ok(_), Some(last)) if self.now - *last <= intervals.proxy_fresh() => {
+                        Ok(routable)
+                    }
+                    (Ok(_), Some(_)) => Err(ObservationError::Unavailable(format!(
+                        "proxy {name} is not heartbeating to HAKeeper"
+                    ))),
+                    (Ok(_), None) => Err(ObservationError::Unavailable(format!(
+                        "proxy {name} is not registered with HAKeeper"
+                    ))),
                 };
-                (self.pods[p].name.clone(), answer)
+                (name, answer)
             })
             .collect();
         // Counted on the CNs' query services, as the operator does: any running CN not answering
@@ -193,14 +174,81 @@ impl Simulation {
         }
     }
 
+    /// Each CN's query service, read as the operator reads it: sessions always; while a CN
+    /// drains, GetTxnInfo of every CN and GetLockInfo of the draining ones, with the holders of
+    /// its locks checked against every running CN's transactions.
+    fn cn_activity(
+        &self,
+        draining: &[String],
+    ) -> BTreeMap<String, Result<CnActivity, ObservationError>> {
+        let any_draining = !draining.is_empty();
+        let answering = |cn: &Cn| cn.phase == CnPhase::Running;
+        // Every running CN's transactions, when each one answers (one that does not leaves
+        // the holders' liveness unknown).
+        let all_read = self
+            .cns
+            .iter()
+            .all(|(&p, cn)| !self.pods[p].process_alive || answering(cn));
+        let live = |x: &TxnId| {
+            self.txns.get(x).is_some_and(|t| {
+                self.cns
+                    .get(&t.cn.pod)
+                    .is_some_and(|c| c.epoch == t.cn.epoch && answering(c))
+            })
+        };
+        self.cns
+            .iter()
+            .filter(|(p, _)| self.pods[**p].status != PodStatus::Gone)
+            .map(|(&p, cn)| {
+                let answer = if answering(cn) {
+                    let me = Instance {
+                        pod: p,
+                        epoch: cn.epoch,
+                    };
+                    let oldest_txn = if any_draining {
+                        self.txns
+                            .values()
+                            .filter(|t| t.cn == me)
+                            .map(|t| t.created_at)
+                            .min()
+                            .map_or(OldestTxn::NoneRunning, OldestTxn::CreatedAt)
+                    } else {
+                        OldestTxn::NotRead
+                    };
+                    let lock_holders: Vec<TxnId> = cn
+                        .holders
+                        .iter()
+                        .chain(cn.stale_holders.keys())
+                        .copied()
+                        .collect();
+                    let lock_info = draining.contains(&cn.uuid);
+                    Ok(CnActivity {
+                        sessions: cn.sessions.len() as u32,
+                        pipelines: 0,
+                        replicas: 0,
+                        locks: lock_info.then_some(lock_holders.len() as u32),
+                        oldest_txn,
+                        live_lock_holders: (lock_info && all_read)
+                            .then(|| lock_holders.iter().filter(|x| live(x)).count() as u32),
+                    })
+                } else {
+                    Err(ObservationError::Unavailable(
+                        "query service not answering".into(),
+                    ))
+                };
+                (self.pods[p].name.clone(), answer)
+            })
+            .collect()
+    }
+
     /// The intervals the modelled kernel heartbeats at (its proxies are modelled by their
     /// routes, not their heartbeats: the kernel's default stands).
-    fn heartbeat_intervals(&self) -> HeartbeatIntervals {
+    pub(crate) fn heartbeat_intervals(&self) -> HeartbeatIntervals {
         HeartbeatIntervals {
             log: self.t.heartbeat.millis(),
             tn: self.t.heartbeat.millis(),
             cn: self.t.cn_heartbeat.millis(),
-            ..HeartbeatIntervals::default()
+            proxy: self.t.proxy_heartbeat.millis(),
         }
     }
 
@@ -230,25 +278,60 @@ impl Simulation {
         let log_shards = self
             .shards
             .iter()
-            .map(|s| LogShardView {
-                shard_id: s.id,
-                leader: s.leader.map(|l| s.replicas[l].store.clone()),
-                term: s.term,
-                replicas: s
-                    .replicas
-                    .iter()
-                    .map(|r| LogReplicaView {
-                        store: r.store.clone(),
-                        up: matches!(r.state, ReplicaState::Joined { .. }),
-                        caught_up: r.state == ReplicaState::Joined { caught_up: true },
-                    })
-                    .collect(),
-            })
+            .enumerate()
+            .map(|(i, s)| self.log_shard_view(i, s))
             .collect();
         ClusterDetails {
             cns,
             tns,
             log_shards,
+        }
+    }
+
+    /// A log shard as the operator sees it. From HAKeeper, fed by the stores' heartbeats: the
+    /// leader and term of the newest report; a replica is up when its store's record is fresh
+    /// and lists it (`LogShardInfo` has no log index). Whether it has caught up is asked of the
+    /// replica itself: a read through it (`SyncRead`, a read index) answers only once it has
+    /// applied the shard's log up to the leader's commit index.
+    fn log_shard_view(&self, i: usize, shard: &Shard) -> LogShardView {
+        let fresh = self.heartbeat_intervals().log_fresh();
+        let reports: Vec<(&str, Option<&ReplicaReport>, bool)> = shard
+            .replicas
+            .iter()
+            .map(|r| {
+                let record = self.hakeeper.log_stores.get(&r.store);
+                let report = record.and_then(|rec| rec.replicas.iter().find(|x| x.shard == i));
+                let is_fresh = record.is_some_and(|rec| self.now - rec.last_heartbeat <= fresh);
+                (r.store.as_str(), report, is_fresh)
+            })
+            .collect();
+        let newest = reports
+            .iter()
+            .filter_map(|(_, report, _)| *report)
+            .max_by_key(|x| x.term);
+        let (leader, term) = newest.map_or((None, 0), |x| (x.leader, x.term));
+        let replicas = shard
+            .replicas
+            .iter()
+            .zip(&reports)
+            .map(|(r, (store, report, is_fresh))| {
+                let up = *is_fresh && report.is_some();
+                let following = up
+                    && leader.is_some()
+                    && report.is_some_and(|x| x.term == term && x.leader == leader);
+                let caught_up = following && r.state == ReplicaState::Joined { caught_up: true };
+                LogReplicaView {
+                    store: store.to_string(),
+                    up,
+                    caught_up,
+                }
+            })
+            .collect();
+        LogShardView {
+            shard_id: shard.id,
+            leader: leader.map(|l| shard.replicas[l].store.clone()),
+            term,
+            replicas,
         }
     }
 
@@ -442,30 +525,47 @@ impl Simulation {
                 if cn.phase != CnPhase::Running {
                     return;
                 }
-                // Nothing depends on a CN the running lock allocator has never heard of (no GetBind
-                // since it started: it owns no bind there, and its keepalive is refused) once its
-                // sessions are gone; the kernel answers (true, 0) for it, as for a handed-over one.
-                let unknown_and_idle =
-                    !self.tn.allocator.services.contains(&cn.uuid) && cn.sessions.is_empty();
-                if cn.confirmed_epoch != Some(cn.epoch) && !unknown_and_idle {
-                    let me = Instance {
-                        pod: p,
-                        epoch: cn.epoch,
-                    };
-                    let owned = self
-                        .tn
-                        .allocator
-                        .binds
-                        .values()
-                        .filter(|b| b.owner == me)
-                        .count();
-                    let holders = cn.holders.len();
-                    let sessions = cn.sessions.len();
+                let me = Instance {
+                    pod: p,
+                    epoch: cn.epoch,
+                };
+                let owned = self
+                    .tn
+                    .allocator
+                    .binds
+                    .values()
+                    .filter(|b| b.owner == me)
+                    .count();
+                let active = self.active_txns(p);
+                let live = active
+                    .iter()
+                    .filter(|x| {
+                        self.txns
+                            .get(x)
+                            .is_some_and(|t| self.instance_running(t.cn))
+                    })
+                    .count();
+                let sessions = cn.sessions.len();
+                // Safe to stop: the allocator took its tables back (for this instance); or it
+                // never heard of it since it started (no entry, no bind) and it serves nobody;
+                // or it refuses new lockers and no live transaction holds a lock it serves or
+                // runs here (the wedged hand-over: its lockers wait for the binds to move).
+                let handed_over = cn.confirmed_epoch == Some(cn.epoch);
+                let known = self.tn.allocator.services.contains_key(&me);
+                let unknown_and_idle = !known && owned == 0 && sessions == 0;
+                let marked_and_idle =
+                    cn.restart_mode != RestartMode::None && live == 0 && sessions == 0;
+                if marked_and_idle && !handed_over {
+                    self.saw("CN stopped on a wedged hand-over (no live transaction counted)");
+                }
+                if !(handed_over || unknown_and_idle || marked_and_idle) {
+                    let counted = active.len();
                     self.count_unsafe(
                         |u| &mut u.pod_deleted_without_drain_confirmation,
                         format!(
                             "{name} stopped ({why}) without a drain confirmation for its instance \
-                             (owns {owned} lock tables, {holders} lock holders, {sessions} sessions)"
+                             (owns {owned} lock tables, {counted} transactions counted, {live} of \
+                             them live, {sessions} sessions)"
                         ),
                     );
                 }

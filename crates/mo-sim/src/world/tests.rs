@@ -43,6 +43,33 @@ fn crash(s: &mut Simulation, name: &str) {
     s.crash_process(p, Cause::Involuntary, false);
 }
 
+/// Whether the running lock allocator has an entry for some process of that UUID.
+fn allocator_knows(s: &Simulation, uuid: &str) -> bool {
+    s.tn.allocator.services.values().any(|e| e.uuid == uuid)
+}
+
+fn answer(s: &Simulation, uuid: &str) -> mo_core::RestartAnswer {
+    s.tn.allocator.restart_answer(uuid, s.now)
+}
+
+/// A transaction `x` on `cn` (its client already told) that locks `table` and holds the lock.
+fn holding_lock(s: &mut Simulation, cn: &str, x: TxnId, table: usize) {
+    let p = pod(s, cn);
+    let on = Instance {
+        pod: p,
+        epoch: s.cns[&p].epoch,
+    };
+    let txn = Txn {
+        reported: true,
+        ..Txn::new(0, on, s.now, vec![table])
+    };
+    s.txns.insert(x, txn);
+    let LockResult::Granted(held) = s.acquire_lock(x, table) else {
+        panic!("{cn} locks table {table}");
+    };
+    s.txns.get_mut(&x).unwrap().locks.push(held);
+}
+
 fn failures(s: &Simulation) -> u64 {
     s.counts.failed_definite + s.counts.unknown
 }
@@ -178,7 +205,7 @@ fn a_cn_told_to_restart_refuses_its_own_new_writes_for_good() {
     run_to(&mut s, secs(10));
     let cn1 = pod(&s, "cn-1");
     let uuid = s.cns[&cn1].uuid.clone();
-    assert!(s.tn.allocator.services.contains(&uuid), "cn-1 has locked");
+    assert!(allocator_knows(&s, &uuid), "cn-1 has locked");
     let instance = Instance {
         pod: cn1,
         epoch: s.cns[&cn1].epoch,
@@ -186,6 +213,7 @@ fn a_cn_told_to_restart_refuses_its_own_new_writes_for_good() {
     let txn = |locks: Vec<HeldLock>| Txn {
         client: 0,
         cn: instance,
+        created_at: Millis::ZERO,
         tables: vec![0],
         next_stmt: 0,
         stage: TxnStage::Statements,
@@ -222,17 +250,14 @@ fn a_cn_told_to_restart_refuses_its_own_new_writes_for_good() {
 
 #[test]
 fn a_uuid_the_allocator_does_not_know_is_answered_can_restart_and_its_cn_never_hears() {
-    let yaml = BASE.replace("clients: 4", "clients: 0");
+    let yaml = BASE.replace("clients: 4", "clients: 0, background: null");
     let mut s = sim(&yaml);
     run_to(&mut s, secs(10));
     let cn1 = pod(&s, "cn-1");
     let uuid = s.cns[&cn1].uuid.clone();
-    assert!(
-        !s.tn.allocator.services.contains(&uuid),
-        "cn-1 never locked"
-    );
+    assert!(!allocator_knows(&s, &uuid), "cn-1 never locked");
     s.set_restart_service(&uuid).unwrap();
-    let answer = &s.observe().lock_allocator.unwrap().restarting[&uuid];
+    let answer = answer(&s, &uuid);
     assert!(answer.can_restart, "(true, 0) at once");
     assert_eq!(answer.remaining_txns, 0);
     run_to(&mut s, secs(30));
@@ -254,21 +279,15 @@ fn a_locker_of_a_handing_over_owner_waits_for_as_long_as_the_hand_over_takes() {
     let cn1 = pod(&s, "cn-1");
     let cn0 = pod(&s, "cn-0");
     let uuid = s.cns[&cn1].uuid.clone();
-    let waiter = Txn {
-        client: 0,
-        cn: Instance {
+    let waiter = Txn::new(
+        0,
+        Instance {
             pod: cn0,
             epoch: s.cns[&cn0].epoch,
         },
-        tables: vec![0],
-        next_stmt: 0,
-        stage: TxnStage::Statements,
-        locks: vec![],
-        tn_wait_deadline: None,
-        commit_sent_at: Millis::ZERO,
-        timeout_armed: false,
-        reported: false,
-    };
+        Millis::ZERO,
+        vec![0],
+    );
     s.txns.insert(900_002, waiter);
     // A holder that keeps cn-1 handing over for the whole test.
     s.cns.get_mut(&cn1).unwrap().holders.insert(900_001);
@@ -306,16 +325,8 @@ fn handshake_refuses_new_locks_but_lets_active_transactions_finish() {
         s.txns.insert(
             x,
             Txn {
-                client: 0,
-                cn: cn0_instance,
-                tables: vec![0],
-                next_stmt: 0,
-                stage: TxnStage::Statements,
-                locks: vec![],
-                tn_wait_deadline: None,
-                commit_sent_at: Millis::ZERO,
-                timeout_armed: false,
                 reported: true,
+                ..Txn::new(0, cn0_instance, Millis::ZERO, vec![0])
             },
         );
     }
@@ -323,17 +334,39 @@ fn handshake_refuses_new_locks_but_lets_active_transactions_finish() {
     s.set_restart_service(&uuid).unwrap();
     run_to(&mut s, secs(11) + Millis(1));
     assert_eq!(s.cns[&cn1].restart_mode, RestartMode::Waiting);
+    // A transaction begun after the CN learnt of the restart is not admitted.
+    s.txns.get_mut(&900_002).unwrap().created_at = s.now;
     assert!(matches!(s.acquire_lock(900_002, 0), LockResult::Retry));
     assert!(matches!(s.acquire_lock(900_001, 0), LockResult::Granted(_)));
-    assert!(!s.observe().lock_allocator.unwrap().restarting[&uuid].can_restart);
-    // The active transactions end: the tables are handed over, the CN may restart.
+    assert!(!answer(&s, &uuid).can_restart);
+    run_to(&mut s, secs(12) + Millis(1));
+    assert_eq!(
+        answer(&s, &uuid),
+        mo_core::RestartAnswer {
+            can_restart: false,
+            remaining_txns: 1
+        },
+        "the keepalive after the CN learnt reports what it still counts"
+    );
+    // The active transactions end: the CN reports unlock success at its next keepalive, and
+    // the allocator takes its tables back.
     s.txns.remove(&900_001);
     s.txns.remove(&900_002);
     s.cns.get_mut(&cn1).unwrap().holders.remove(&900_001);
     s.check_unlock(cn1);
-    run_to(&mut s, secs(11) + Millis(500));
     assert_eq!(s.cns[&cn1].restart_mode, RestartMode::UnlockSuccess);
-    assert!(s.observe().lock_allocator.unwrap().restarting[&uuid].can_restart);
+    assert!(
+        !answer(&s, &uuid).can_restart,
+        "the allocator has not heard yet"
+    );
+    run_to(&mut s, secs(13) + Millis(1));
+    assert_eq!(
+        answer(&s, &uuid),
+        mo_core::RestartAnswer {
+            can_restart: true,
+            remaining_txns: 0
+        }
+    );
     run_to(&mut s, secs(30));
     assert_eq!(s.tn.allocator.binds["a"].owner.pod, cn0, "others rebind");
     // The marked CN refuses its own sessions' new transactions (20635, kernel's
@@ -352,26 +385,233 @@ fn handshake_refuses_new_locks_but_lets_active_transactions_finish() {
 }
 
 #[test]
-fn handshake_is_keyed_by_uuid_so_a_restarted_instance_looks_confirmed() {
-    // The hazard the reports describe: CanRestartService answers for a UUID, not an instance.
-    let mut s = sim(BASE);
+fn a_restarted_cn_is_a_second_entry_and_either_entry_answers_until_the_old_one_goes() {
+    // v1.2.4: the allocator keys lock services by service id (start time + UUID) and answers
+    // `CanRestartService(uuid)` from whichever entry with that UUID its map yields first.
+    let yaml =
+        format!("{BASE}lock_tables: [{{table: a, owner: cn-1}}, {{table: b, owner: cn-1}}]\n");
+    let mut s = sim(&yaml);
     run_to(&mut s, secs(5));
     let cn1 = pod(&s, "cn-1");
     let uuid = s.cns[&cn1].uuid.clone();
     s.set_restart_service(&uuid).unwrap();
-    run_to(&mut s, secs(10));
-    assert!(s.observe().lock_allocator.unwrap().restarting[&uuid].can_restart);
+    run_to(&mut s, secs(8));
+    assert!(answer(&s, &uuid).can_restart, "the old process handed over");
     crash(&mut s, "cn-1");
-    let p = pod(&s, "cn-1");
-    s.start_process(p);
-    run_to(&mut s, secs(30));
-    let new_epoch = s.cns[&p].epoch;
-    assert_eq!(s.cns[&p].phase, CnPhase::Running);
-    assert_ne!(s.cns[&p].confirmed_epoch, Some(new_epoch));
-    assert!(
-        s.observe().lock_allocator.unwrap().restarting[&uuid].can_restart,
-        "the old answer still stands for the new instance"
+    let died = s.now;
+    s.start_process(cn1);
+    run_to(&mut s, died + secs(10) + Millis(500));
+    assert_eq!(s.cns[&cn1].phase, CnPhase::Running);
+    let new = Instance {
+        pod: cn1,
+        epoch: s.cns[&cn1].epoch,
+    };
+    // The new process locks through the allocator (a client session on it): a second entry.
+    s.tn.allocator.register(new, &uuid);
+    let entries =
+        s.tn.allocator
+            .services
+            .values()
+            .filter(|e| e.uuid == uuid)
+            .count();
+    assert_eq!(entries, 2, "the old entry is still there");
+    let answers: BTreeSet<bool> = (0..64)
+        .map(|i| {
+            s.tn.allocator
+                .restart_answer(&uuid, s.now + Millis(i))
+                .can_restart
+        })
+        .collect();
+    assert_eq!(
+        answers,
+        BTreeSet::from([false, true]),
+        "the old entry's 'can restart' answers for the new process part of the time"
     );
+    run_to(&mut s, died + secs(25));
+    assert_eq!(
+        s.tn.allocator
+            .services
+            .keys()
+            .filter(|i| i.pod == cn1)
+            .collect::<Vec<_>>(),
+        vec![&new],
+        "the old entry went at an invalidation round"
+    );
+    assert_eq!(
+        answer(&s, &uuid),
+        mo_core::RestartAnswer {
+            can_restart: false,
+            remaining_txns: -1
+        },
+        "only the new, unmarked entry answers"
+    );
+}
+
+#[test]
+fn a_second_restart_request_after_can_restart_wedges_the_entry_for_as_long_as_the_cn_runs() {
+    let yaml = format!("{BASE}lock_tables: [{{table: a, owner: cn-1}}]\n");
+    let mut s = sim(&yaml.replace("clients: 4", "clients: 0"));
+    run_to(&mut s, secs(5));
+    let cn1 = pod(&s, "cn-1");
+    let uuid = s.cns[&cn1].uuid.clone();
+    s.set_restart_service(&uuid).unwrap();
+    run_to(&mut s, secs(8));
+    let confirmed = mo_core::RestartAnswer {
+        can_restart: true,
+        remaining_txns: 0,
+    };
+    assert_eq!(answer(&s, &uuid), confirmed);
+    s.set_restart_service(&uuid).unwrap();
+    run_to(&mut s, secs(120));
+    assert_eq!(
+        answer(&s, &uuid),
+        mo_core::RestartAnswer {
+            can_restart: false,
+            remaining_txns: -1
+        },
+        "waiting again, its keepalives refused: never 'can restart' while the process runs"
+    );
+    crash(&mut s, "cn-1");
+    run_to(&mut s, secs(145));
+    assert_eq!(
+        answer(&s, &uuid),
+        confirmed,
+        "once the process is gone its entry goes, and an unknown UUID answers (true, 0)"
+    );
+}
+
+#[test]
+fn a_restarted_cn_takes_no_bind_over_and_its_old_binds_stall_their_lockers_until_invalidated() {
+    // v1.2.4: a restarted CN is a new service id; `getLocalLockTable` answers "bind changed"
+    // to lockers of its old binds, which retry until the allocator invalidates them.
+    let yaml =
+        format!("{BASE}lock_tables: [{{table: a, owner: cn-1}}]\ntimings: {{cn_start: 2s}}\n")
+            .replace("tables: [a, b]", "tables: [a]");
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(10));
+    let cn1 = pod(&s, "cn-1");
+    let old = s.tn.allocator.binds["a"].owner;
+    assert_eq!(old.pod, cn1);
+    crash(&mut s, "cn-1");
+    let died = s.now;
+    let moves = s.bind_invalidation_at(died);
+    s.start_process(cn1);
+    run_to(&mut s, moves - Millis(1));
+    assert_eq!(
+        s.cns[&cn1].phase,
+        CnPhase::Running,
+        "restarted within the window"
+    );
+    assert_eq!(
+        s.tn.allocator.binds["a"].owner, old,
+        "the new instance took nothing over"
+    );
+    let stalled = s.counts.committed;
+    run_to(&mut s, moves + secs(5));
+    assert_ne!(
+        s.tn.allocator.binds["a"].owner, old,
+        "rebound after invalidation"
+    );
+    assert!(
+        s.counts.committed > stalled,
+        "DML goes on once the bind moved"
+    );
+}
+
+#[test]
+fn remain_txn_counts_the_marked_cns_own_transactions_that_hold_locks_elsewhere() {
+    // v1.2.4 `service.go` `Lock` puts every transaction of the CN that locks anything in its
+    // `activeTxnHolder`, which "unlock success" waits for and `RemainTxnInService` reports.
+    let yaml = format!("{BASE}lock_tables: [{{table: a, owner: cn-0}}]\n")
+        .replace("clients: 4", "clients: 0");
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(10));
+    let cn1 = pod(&s, "cn-1");
+    let uuid = s.cns[&cn1].uuid.clone();
+    let x = 900_300;
+    holding_lock(&mut s, "cn-1", x, 0);
+    assert!(
+        !s.cns[&cn1].holders.contains(&x),
+        "not a holder of cn-1's own tables"
+    );
+    s.set_restart_service(&uuid).unwrap();
+    run_to(&mut s, secs(13));
+    assert_eq!(
+        answer(&s, &uuid),
+        mo_core::RestartAnswer {
+            can_restart: false,
+            remaining_txns: 1
+        }
+    );
+    s.txns.remove(&x);
+    s.cns.get_mut(&pod(&s, "cn-0")).unwrap().holders.remove(&x);
+    s.check_unlock(cn1);
+    run_to(&mut s, secs(15));
+    assert!(answer(&s, &uuid).can_restart);
+}
+
+#[test]
+fn locks_of_a_crashed_requester_stay_counted_by_their_owner_for_a_minute_or_two() {
+    // v1.2.4 `service_remote.go` `unlockTimeoutRemoteTxn`: every `RemoteLockTimeout` (1 min)
+    // the owner releases the transactions of requesters silent that long that fail validation.
+    let yaml = format!("{BASE}lock_tables: [{{table: a, owner: cn-1}}]\n")
+        .replace("clients: 4", "clients: 0");
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(10));
+    let cn1 = pod(&s, "cn-1");
+    let x = 900_400;
+    holding_lock(&mut s, "cn-0", x, 0);
+    crash(&mut s, "cn-0");
+    let died = s.now;
+    s.txns.remove(&x);
+    assert!(
+        s.active_txns(cn1).contains(&x),
+        "the owner still counts the dead requester's transaction"
+    );
+    let released = s.orphan_check_at(cn1, died);
+    assert!(released >= died + secs(60) && released < died + secs(120));
+    run_to(&mut s, released - Millis(1));
+    assert!(s.active_txns(cn1).contains(&x));
+    run_to(&mut s, released + Millis(1));
+    assert!(
+        !s.active_txns(cn1).contains(&x),
+        "released at the orphan check"
+    );
+}
+
+#[test]
+fn after_a_tn_restart_a_lock_owner_keeps_counting_remote_holders_it_never_hears_unlock() {
+    // v1.2.4: the new allocator refuses the owner's keepalive, the owner drops its lock tables,
+    // and the unlock a requester sends under the old bind is refused (`handleRemoteUnlock`):
+    // the transaction stays in the owner's `activeTxnHolder` for as long as the requester runs.
+    let yaml = format!("{BASE}lock_tables: [{{table: a, owner: cn-1}}]\n")
+        .replace("clients: 4", "clients: 0");
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(10));
+    let cn1 = pod(&s, "cn-1");
+    let x = 900_500;
+    holding_lock(&mut s, "cn-0", x, 0);
+    let tn = pod(&s, "tn-0");
+    s.crash_process(tn, Cause::Involuntary, true);
+    run_to(&mut s, secs(40));
+    assert_eq!(s.tn.phase, TnPhase::Running, "the TN came back");
+    assert!(s.cns[&cn1].stale_holders.contains_key(&x));
+    // The transaction ends (it aborts at COMMIT: its bind was lost); the owner still counts it.
+    let txn = s.txns.remove(&x).unwrap();
+    s.release_locks(x, &txn);
+    assert!(s.active_txns(cn1).contains(&x));
+    run_to(&mut s, secs(400));
+    assert!(s.active_txns(cn1).contains(&x), "for as long as cn-0 runs");
+    // Read as the operator reads it while cn-1 drains: the holder is listed, and no CN runs it.
+    s.hakeeper
+        .cns
+        .get_mut(&s.cns[&cn1].uuid.clone())
+        .unwrap()
+        .work_state = WorkState::Draining;
+    let obs = s.observe();
+    let activity = obs.cn_activity["cn-1"].as_ref().unwrap();
+    assert_eq!(activity.locks, Some(1));
+    assert_eq!(activity.live_lock_holders, Some(0));
 }
 
 #[test]
@@ -530,7 +770,7 @@ fn legacy_allows_every_eviction_and_the_observer_counts_it() {
 fn stopping_an_idle_cn_the_allocator_never_heard_of_is_not_unsafe() {
     // No client ever locked through cn-1: the running allocator has no entry for it, so nothing
     // depends on it; once it owns a lock table (a GetBind registered it), the same stop is unsafe.
-    let idle = BASE.replace("clients: 4", "clients: 0");
+    let idle = BASE.replace("clients: 4", "clients: 0, background: null");
     let evict = "events:\n  - at: 10s\n    evict: {pod: cn-1, source: kubectl-drain}\n";
     let mut s = sim(&format!("{idle}{evict}"));
     run_to(&mut s, secs(60));
@@ -879,6 +1119,7 @@ fn an_unlock_on_a_lost_owner_delays_commit_until_the_bind_moves_and_commit_succe
                 pod: cn0,
                 epoch: s.pods[cn0].epoch,
             },
+            created_at: Millis::ZERO,
             tables: vec![0],
             next_stmt: 1,
             stage: TxnStage::Committing,
@@ -919,4 +1160,190 @@ fn an_unlock_on_a_lost_owner_delays_commit_until_the_bind_moves_and_commit_succe
         "{:?}",
         s.errors_by_kind
     );
+}
+
+#[test]
+fn a_marked_owner_still_admits_an_older_transaction_on_a_table_it_references() {
+    // v1.2.4 `service.go` `canLockOnServiceStatus`: a transaction whose snapshot is not newer
+    // than the restart time may lock a table an active transaction references.
+    let yaml = format!("{BASE}lock_tables: [{{table: a, owner: cn-1}}]\n")
+        .replace("clients: 4", "clients: 0, background: null");
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(5));
+    let (cn0, cn1) = (pod(&s, "cn-0"), pod(&s, "cn-1"));
+    let on_cn0 = Instance {
+        pod: cn0,
+        epoch: s.cns[&cn0].epoch,
+    };
+    let txn = |created_at| Txn {
+        reported: true,
+        ..Txn::new(0, on_cn0, created_at, vec![0])
+    };
+    holding_lock(&mut s, "cn-0", 1, 0);
+    let uuid = s.cns[&cn1].uuid.clone();
+    s.set_restart_service(&uuid).unwrap();
+    run_to(&mut s, secs(7));
+    assert_eq!(s.cns[&cn1].restart_mode, RestartMode::Waiting);
+    let learnt = s.cns[&cn1]
+        .restart_time
+        .expect("the CN learnt of the restart");
+    s.txns.insert(2, txn(learnt - Millis(500)));
+    s.txns.insert(3, txn(learnt + Millis(1)));
+    assert!(
+        matches!(s.acquire_lock(2, 0), LockResult::Granted(_)),
+        "its snapshot predates the restart, and `a` is referenced"
+    );
+    assert!(matches!(s.acquire_lock(3, 0), LockResult::Retry));
+}
+
+#[test]
+fn hakeeper_shows_a_stopped_log_store_until_its_record_goes_stale_and_catch_up_is_asked_of_the_replica()
+ {
+    let yaml = BASE.replace("clients: 4", "clients: 0, background: null")
+        + "timings: {log_rejoin: 20s, log_catch_up: 40s}\n";
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(5));
+    let replica = |s: &Simulation| {
+        let d = s.observe().hakeeper.unwrap();
+        let r = d.log_shards[1]
+            .replicas
+            .iter()
+            .find(|r| r.store == "log-2")
+            .unwrap()
+            .clone();
+        (r.up, r.caught_up)
+    };
+    assert_eq!(replica(&s), (true, true));
+    crash(&mut s, "log-2");
+    run_to(&mut s, secs(5) + Millis(500));
+    assert_eq!(
+        replica(&s),
+        (true, false),
+        "HAKeeper still shows it (its last heartbeat is fresh); a read through it fails"
+    );
+    run_to(&mut s, secs(9));
+    assert!(!replica(&s).0, "a record three heartbeats old is not up");
+    let p = pod(&s, "log-2");
+    s.start_process(p);
+    let restarted = s.now;
+    run_to(&mut s, restarted + secs(21));
+    assert_eq!(
+        replica(&s),
+        (true, false),
+        "rejoined and following, but a read through it waits: not caught up"
+    );
+    run_to(&mut s, restarted + secs(62));
+    assert_eq!(replica(&s), (true, true));
+}
+
+#[test]
+fn a_proxy_routes_for_the_operator_as_long_as_it_heartbeats() {
+    // The operator sees a proxy only through HAKeeper: its heartbeat (every 3 s) and the
+    // Working CNs HAKeeper lists, never the proxy's own cached list.
+    let mut s = sim(BASE);
+    run_to(&mut s, secs(10));
+    let routes = |s: &Simulation| s.observe().proxy_routes["proxy-0"].clone();
+    assert_eq!(routes(&s), Ok(2));
+    crash(&mut s, "proxy-0");
+    run_to(&mut s, secs(12));
+    assert_eq!(routes(&s), Ok(2), "its record is still fresh");
+    run_to(&mut s, secs(20));
+    assert!(routes(&s).is_err(), "{:?}", routes(&s));
+}
+
+#[test]
+fn every_cn_runs_the_kernels_own_transactions_so_an_idle_cn_owns_lock_tables() {
+    let yaml = BASE.replace("clients: 4", "clients: 0");
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(120));
+    for name in ["cn-0", "cn-1"] {
+        let uuid = s.cns[&pod(&s, name)].uuid.clone();
+        assert!(
+            allocator_knows(&s, &uuid),
+            "{name} locked through the allocator"
+        );
+    }
+    assert!(
+        s.tn.allocator
+            .binds
+            .keys()
+            .any(|t| t.starts_with("mo_catalog") || t.starts_with("system")),
+        "internal tables are bound: {:?}",
+        s.tn.allocator.binds.keys().collect::<Vec<_>>()
+    );
+    assert!(s.background_counts.committed > 0);
+    assert_eq!(s.counts.committed, 0, "not counted as the clients'");
+    // Told to restart, an idle CN refuses its own background writes for good (20635).
+    let cn1 = pod(&s, "cn-1");
+    let uuid = s.cns[&cn1].uuid.clone();
+    let before = s.background_counts.failed_definite;
+    s.set_restart_service(&uuid).unwrap();
+    run_to(&mut s, secs(240));
+    assert!(s.background_counts.failed_definite > before);
+    assert_eq!(failures(&s), 0, "no client transaction");
+}
+
+#[test]
+fn hakeepers_clock_stands_still_while_its_shard_cannot_commit() {
+    // Records age in HAKeeper's replicated ticks, which do not advance without a quorum: a CN
+    // heard just before the outage is not expired after it.
+    let yaml = BASE.replace("clients: 4", "clients: 0, background: null");
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(5));
+    crash(&mut s, "log-1");
+    crash(&mut s, "log-2");
+    run_to(&mut s, secs(95));
+    for name in ["log-1", "log-2"] {
+        let p = pod(&s, name);
+        s.start_process(p);
+    }
+    run_to(&mut s, secs(200));
+    assert!(s.hakeeper_available());
+    let cn = s.observe().hakeeper.unwrap().cns;
+    assert_eq!(cn.len(), 2, "no CN expired across the outage: {cn:?}");
+    assert!(
+        !s.event_log().iter().any(|l| l.contains("expired")),
+        "{:?}",
+        s.event_log()
+            .iter()
+            .filter(|l| l.contains("expired"))
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn stopping_a_cn_on_a_wedged_hand_over_is_judged_by_whether_a_live_transaction_depends_on_it() {
+    // The checker judges a CN stop from the allocator and the transactions: a marked CN whose
+    // counted transactions all ended (a leak) may stop; one a live transaction holds may not.
+    let yaml = format!("{BASE}lock_tables: [{{table: a, owner: cn-1}}]\n")
+        .replace("clients: 4", "clients: 0, background: null");
+    for live in [false, true] {
+        let mut s = sim(&yaml);
+        run_to(&mut s, secs(5));
+        let cn1 = pod(&s, "cn-1");
+        let x = 900_600;
+        holding_lock(&mut s, "cn-0", x, 0);
+        // The owner never hears the unlock (as after a TN restart).
+        s.cns.get_mut(&cn1).unwrap().holders.remove(&x);
+        let requester = s.txns[&x].cn;
+        s.cns
+            .get_mut(&cn1)
+            .unwrap()
+            .stale_holders
+            .insert(x, requester);
+        if !live {
+            s.txns.remove(&x);
+        }
+        let uuid = s.cns[&cn1].uuid.clone();
+        s.set_restart_service(&uuid).unwrap();
+        run_to(&mut s, secs(20));
+        assert_eq!(s.cns[&cn1].restart_mode, RestartMode::Waiting, "wedged");
+        s.delete_pod(cn1, Cause::Voluntary, false, "scale-in");
+        assert_eq!(
+            s.unsafe_actions.pod_deleted_without_drain_confirmation,
+            u64::from(live),
+            "live holder: {live}; {:?}",
+            s.unsafe_log
+        );
+    }
 }

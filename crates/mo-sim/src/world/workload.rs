@@ -86,9 +86,97 @@ impl Simulation {
         }
     }
 
+    /// One background worker per CN pod, each starting at a random point of its interval.
+    pub(crate) fn start_background_work(&mut self) {
+        let Some(spec) = self.scenario.workload.background.clone() else {
+            return;
+        };
+        let cns: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|p| p.component == Component::Cn)
+            .map(|p| p.name.clone())
+            .collect();
+        let start = self.scenario.workload.start.millis();
+        for name in cns {
+            let c = self.clients.len();
+            self.clients.push(Client {
+                background_on: Some(name),
+                ..Client::default()
+            });
+            let first = Millis(
+                self.background_rng
+                    .random_range(0..spec.interval.millis().0.max(1)),
+            );
+            self.schedule(start + first, Ev::ClientNext(c));
+        }
+    }
+
+    fn background_gap(&mut self) -> Millis {
+        let mean = self
+            .scenario
+            .workload
+            .background
+            .as_ref()
+            .map_or(10_000.0, |b| b.interval.millis().0 as f64);
+        let u: f64 = self.background_rng.random::<f64>().max(1e-12);
+        Millis(((-u.ln() * mean) as u64).clamp(1, 3_600_000))
+    }
+
+    /// The kernel's own transaction on the worker's CN, if that CN runs: one statement on each
+    /// of a random choice of the internal tables.
+    fn background_next(&mut self, c: ClientId) {
+        let name = self.clients[c]
+            .background_on
+            .clone()
+            .expect("a background worker");
+        let running = self.pod_by_name.get(&name).copied().filter(|p| {
+            self.pods[*p].process_alive
+                && self
+                    .cns
+                    .get(p)
+                    .is_some_and(|cn| cn.phase == CnPhase::Running && cn.lock_open)
+        });
+        let Some(p) = running else {
+            let gap = self.background_gap();
+            self.wake_client(c, gap);
+            return;
+        };
+        let n = self.tables.len() - self.client_tables;
+        let statements = self.background_rng.random_range(1..=n);
+        let tables = (0..statements)
+            .map(|_| self.client_tables + self.background_rng.random_range(0..n))
+            .collect();
+        let cn = Instance {
+            pod: p,
+            epoch: self.cns[&p].epoch,
+        };
+        self.begin_txn(c, cn, tables);
+    }
+
+    /// Ends the background transactions running on that CN instance (it stops).
+    pub(crate) fn end_background_work_on(&mut self, cn: Instance, cause: Cause) {
+        let running: Vec<ClientId> = (0..self.clients.len())
+            .filter(|&c| {
+                self.clients[c].background_on.is_some()
+                    && self.clients[c]
+                        .txn
+                        .and_then(|x| self.txns.get(&x))
+                        .is_some_and(|t| t.cn == cn)
+            })
+            .collect();
+        for c in running {
+            self.session_broken(c, "connection closed by CN", cause);
+        }
+    }
+
     pub(crate) fn client_next(&mut self, c: ClientId) {
         self.clients[c].wakeup_pending = false;
         if self.clients[c].txn.is_some() {
+            return;
+        }
+        if self.clients[c].background_on.is_some() {
+            self.background_next(c);
             return;
         }
         let lifetime = self.scenario.workload.connection_lifetime;
@@ -120,28 +208,19 @@ impl Simulation {
         }
         let session = self.clients[c].session.expect("attached above");
         let w = &self.scenario.workload;
-        let (lo, hi, n_tables) = (w.statements_min, w.statements_max, self.tables.len());
+        let (lo, hi, n_tables) = (w.statements_min, w.statements_max, self.client_tables);
         let statements = self.rng.random_range(lo..=hi);
         let tables = (0..statements)
             .map(|_| self.rng.random_range(0..n_tables))
             .collect();
+        self.begin_txn(c, session, tables);
+    }
+
+    /// A new transaction of client (or worker) `c` on that CN: its first statement starts.
+    fn begin_txn(&mut self, c: ClientId, cn: Instance, tables: Vec<usize>) {
         self.txn_counter += 1;
         let x = self.txn_counter;
-        self.txns.insert(
-            x,
-            Txn {
-                client: c,
-                cn: session,
-                tables,
-                next_stmt: 0,
-                stage: TxnStage::Statements,
-                locks: Vec::new(),
-                tn_wait_deadline: None,
-                commit_sent_at: Millis::ZERO,
-                timeout_armed: false,
-                reported: false,
-            },
-        );
+        self.txns.insert(x, Txn::new(c, cn, self.now, tables));
         self.clients[c].txn = Some(x);
         self.after(self.t.lock_rpc_latency, Ev::StmtDone(c, x));
     }
@@ -212,15 +291,15 @@ impl Simulation {
             let Some(cn) = self.cns.get(&requester.pod) else {
                 return LockResult::Retry;
             };
-            if self
+            let disabled = self
                 .tn
                 .allocator
-                .restart_marks
-                .get(&cn.uuid)
-                .is_some_and(|m| m.epoch == Some(requester.epoch))
-                || cn.restart_mode != RestartMode::None
-            {
-                // A CN that is restarting cannot become an owner; the proxy moves the session.
+                .services
+                .get(&requester)
+                .is_some_and(|e| e.disabled_at.is_some());
+            if disabled || cn.restart_mode != RestartMode::None {
+                // A CN that is restarting cannot become an owner (`serviceBinds.bind` refuses a
+                // disabled service); the proxy moves the session.
                 return LockResult::Retry;
             }
             self.bind_version_bump += 1;
@@ -265,10 +344,38 @@ impl Simulation {
             let text = format!("failed to lock on remote {}:6003: {reason}", pod.name);
             return LockResult::Failed(text, cause);
         }
-        if cn.restart_mode != RestartMode::None && !cn.holders.contains(&x) {
-            return LockResult::Retry;
+        if cn.restart_mode != RestartMode::None {
+            match self.admitted_while_restarting(owner, x, table) {
+                None => return LockResult::Retry,
+                Some(true) => self.saw("older transaction admitted by a CN told to restart"),
+                Some(false) => {}
+            }
         }
         self.grant(x, table, &bind)
+    }
+
+    /// What a lock service told to restart still admits (v1.2.4 `lockservice/service.go`
+    /// `canLockOnServiceStatus`): a transaction it already counts as active (one of its own
+    /// that locked anything, or one holding a lock here), or one whose snapshot is not newer
+    /// than the restart time, on a table an active transaction references, while any is
+    /// active. (Every other locker retries: "retry for CN rolling restart".)
+    /// `Some(false)`: admitted as active; `Some(true)`: admitted for its older snapshot.
+    fn admitted_while_restarting(&self, owner: Instance, x: TxnId, table: usize) -> Option<bool> {
+        let cn = self.cns.get(&owner.pod)?;
+        let txn = &self.txns[&x];
+        if cn.holders.contains(&x)
+            || cn.stale_holders.contains_key(&x)
+            || (txn.cn == owner && !txn.locks.is_empty())
+        {
+            return Some(false);
+        }
+        let older_snapshot = cn.restart_time.is_some_and(|t| txn.created_at <= t);
+        let referenced = cn.holders.iter().any(|h| {
+            self.txns
+                .get(h)
+                .is_some_and(|t| t.locks.iter().any(|l| l.table == table && l.owner == owner))
+        });
+        (older_snapshot && referenced).then_some(true)
     }
 
     /// A table reserved for a CN (set up by a test) binds to that CN once its lock service is
@@ -300,11 +407,12 @@ impl Simulation {
             cn.holders.insert(x);
         }
         // Locking went through `GetBind`, which registers the requester with the allocator.
-        let requester = self.txns[&x].cn.pod;
-        if let Some(cn) = self.cns.get(&requester) {
-            self.tn.allocator.services.insert(cn.uuid.clone());
+        let requester = self.txns[&x].cn;
+        if let Some(cn) = self.cns.get(&requester.pod) {
+            let uuid = cn.uuid.clone();
+            self.tn.allocator.register(requester, &uuid);
         }
-        self.tn.allocator.services.insert(bind.uuid.clone());
+        self.tn.allocator.register(bind.owner, &bind.uuid);
         LockResult::Granted(HeldLock {
             table,
             owner: bind.owner,
@@ -460,7 +568,7 @@ impl Simulation {
         self.truth_committed += 1;
         // The longest stretch a table with DML went without a commit (what a lost lock owner
         // costs when its lockers wait instead of failing).
-        for lock in &txn.locks {
+        for lock in txn.locks.iter().filter(|l| l.table < self.client_tables) {
             if let Some(last) = self.last_commit_on.insert(lock.table, self.now) {
                 self.longest_table_stall = self.longest_table_stall.max(self.now - last);
             }
@@ -538,13 +646,14 @@ impl Simulation {
             _ => self.tn_wait_cause(),
         };
         self.count(
+            c,
             x,
             &Outcome::Unknown("commit timed out: context deadline exceeded".into(), cause),
         );
         // The client gives up on the connection; the transaction resolves later at the TN.
         self.clients[client].txn = None;
         self.drop_session(c);
-        let delay = self.think_time();
+        let delay = self.next_delay(c);
         self.wake_client(c, delay);
     }
 
@@ -562,7 +671,7 @@ impl Simulation {
                     if !txn.reported {
                         txn.reported = true;
                         let outcome = Outcome::Unknown(format!("{error} during COMMIT"), cause);
-                        self.count(x, &outcome);
+                        self.count(c, x, &outcome);
                     }
                     self.clients[c].txn = None;
                 }
@@ -595,7 +704,7 @@ impl Simulation {
         }
     }
 
-    fn release_locks(&mut self, x: TxnId, txn: &Txn) {
+    pub(crate) fn release_locks(&mut self, x: TxnId, txn: &Txn) {
         for lock in &txn.locks {
             let owner = lock.owner.pod;
             if let Some(cn) = self.cns.get_mut(&owner)
@@ -605,10 +714,23 @@ impl Simulation {
                 self.check_unlock(owner);
             }
         }
+        // Its own lock service counted it too.
+        if !txn.locks.is_empty() && self.instance_running(txn.cn) {
+            self.check_unlock(txn.cn.pod);
+        }
+    }
+
+    /// When the client (or background worker) starts its next transaction.
+    fn next_delay(&mut self, c: ClientId) -> Millis {
+        if self.clients[c].background_on.is_some() {
+            self.background_gap()
+        } else {
+            self.think_time()
+        }
     }
 
     fn tell_client(&mut self, c: ClientId, x: TxnId, outcome: Outcome) {
-        self.count(x, &outcome);
+        self.count(c, x, &outcome);
         if self.clients[c].txn == Some(x) {
             self.clients[c].txn = None;
             if self.clients[c]
@@ -620,13 +742,26 @@ impl Simulation {
             } else if self.clients[c].transfer_intent {
                 self.move_unroutable_session(c);
             }
-            let delay = self.think_time();
+            let delay = self.next_delay(c);
             self.wake_client(c, delay);
         }
     }
 
     /// Counts the one outcome the client of `x` is told (callers flip `reported` first).
-    fn count(&mut self, x: TxnId, outcome: &Outcome) {
+    fn count(&mut self, c: ClientId, x: TxnId, outcome: &Outcome) {
+        if self.clients[c].background_on.is_some() {
+            let counts = &mut self.background_counts;
+            match outcome {
+                Outcome::Committed => counts.committed += 1,
+                Outcome::Failed(..) => counts.failed_definite += 1,
+                Outcome::Unknown(..) => counts.unknown += 1,
+            }
+            if let Outcome::Failed(text, _) | Outcome::Unknown(text, _) = outcome {
+                let text = text.clone();
+                self.log("kernel", || format!("background txn {x}: {text}"));
+            }
+            return;
+        }
         if let Some(trace) = &mut self.trace {
             let bucket = (self.now.as_secs_f64() / trace.bucket_seconds) as usize;
             if trace.outcomes.len() <= bucket {
