@@ -860,6 +860,17 @@ impl Drain {
             ));
             return false;
         }
+        // The allocator's answer may come from an older process's entry of the same UUID (it
+        // keeps one until a validation of that process fails, and answers from either): the
+        // CN's own lock service must agree that nothing live depends on it.
+        if let Err(why) = own_evidence(obs, &self.pod, acked) {
+            self.no_old_txns_since = None;
+            self.hold(format!(
+                "the lock allocator confirms {}'s hand-over; waiting for its own lock service to agree: {why}",
+                self.pod
+            ));
+            return false;
+        }
         self.no_old_txns_since = None;
         self.set_stage(DrainStage::Confirmed, now);
         true
@@ -966,21 +977,31 @@ impl Drain {
         {
             return Err("the TN restarted since the handshake".into());
         }
-        let handed_over = match self.kernel_drain_id {
-            Some(id) if self.confirmed_by_txns => {
-                matches!(allocator.drains.get(&id), Some(DrainAnswer::Pending { .. }))
-                    && self
-                        .begin_drain_acked_at
-                        .is_some_and(|acked| wedge_evidence(obs, &self.pod, acked))
+        let done = allocator
+            .drains
+            .get(&self.kernel_drain_id.unwrap_or(u64::MAX));
+        let allocator_confirms = allocator
+            .restarting
+            .get(&self.cn_uuid)
+            .is_some_and(|a| a.can_restart && a.remaining_txns == 0);
+        let handed_over = match (self.kernel_drain_id, self.handshake_acked_at) {
+            // A wedge confirmed from the transaction lists, or the drain done since.
+            (Some(_), _) if self.confirmed_by_txns => {
+                done == Some(&DrainAnswer::Done)
+                    || matches!(done, Some(DrainAnswer::Pending { .. }))
+                        && self
+                            .begin_drain_acked_at
+                            .is_some_and(|acked| wedge_evidence(obs, &self.pod, acked))
             }
-            Some(id) => allocator.drains.get(&id) == Some(&DrainAnswer::Done),
-            None if self.confirmed_by_txns => self
-                .handshake_acked_at
-                .is_some_and(|acked| wedge_evidence(obs, &self.pod, acked)),
-            None => allocator
-                .restarting
-                .get(&self.cn_uuid)
-                .is_some_and(|a| a.can_restart && a.remaining_txns == 0),
+            (Some(_), _) => done == Some(&DrainAnswer::Done),
+            (None, Some(acked)) if self.confirmed_by_txns => {
+                wedge_evidence(obs, &self.pod, acked)
+                    || allocator_confirms && own_evidence(obs, &self.pod, acked).is_ok()
+            }
+            (None, Some(acked)) => {
+                allocator_confirms && own_evidence(obs, &self.pod, acked).is_ok()
+            }
+            (None, None) => false,
         };
         if handed_over {
             Ok(())
@@ -1026,18 +1047,37 @@ fn mark_settled(acked: Millis) -> Millis {
 /// by a transaction no running CN runs and `pod` runs none from before it. Every running CN's
 /// transaction list must have been read (not read is never "none").
 fn wedge_evidence(obs: &Observation, pod: &str, acked: Millis) -> bool {
-    let boundary = mark_settled(acked);
-    match old_transactions(obs, boundary) {
+    match old_transactions(obs, mark_settled(acked)) {
         Ok(0) => true,
         Err(_) => false,
-        Ok(_) => matches!(
-            obs.cn_activity.get(pod),
-            Some(Ok(CnActivity {
-                live_lock_holders: Some(0),
-                oldest_txn,
-                ..
-            })) if !matches!(oldest_txn, OldestTxn::CreatedAt(created) if *created < boundary)
-        ),
+        Ok(_) => own_evidence(obs, pod, acked).is_ok(),
+    }
+}
+
+/// What the marked CN itself shows (its GetLockInfo against every running CN's GetTxnInfo,
+/// and its own GetTxnInfo): no live transaction holds a lock in its lock tables, and it runs
+/// no transaction from before the mark settled. Not read is never "nothing".
+fn own_evidence(obs: &Observation, pod: &str, acked: Millis) -> Gate {
+    let boundary = mark_settled(acked);
+    let activity = match obs.cn_activity.get(pod) {
+        Some(Ok(a)) => a,
+        Some(Err(e)) => return Err(format!("its query service: {e}")),
+        None => return Err("its query service was not read".into()),
+    };
+    match activity.live_lock_holders {
+        Some(0) => {}
+        Some(n) => {
+            return Err(format!(
+                "{n} live transactions hold locks in its lock tables"
+            ));
+        }
+        None => return Err("its locks, or a running CN's transactions, were not read".into()),
+    }
+    match activity.oldest_txn {
+        OldestTxn::NoneRunning => Ok(()),
+        OldestTxn::CreatedAt(created) if created >= boundary => Ok(()),
+        OldestTxn::CreatedAt(_) => Err("it runs a transaction from before the mark".into()),
+        OldestTxn::NotRead => Err("its transactions were not read".into()),
     }
 }
 
@@ -1159,6 +1199,8 @@ mod tests {
         );
     }
 
+    /// The allocator answers "can restart, 0", and the CN's own lock service agrees (no live
+    /// holder of its locks, no transaction of its own running).
     fn confirm(o: &mut Observation) {
         o.lock_allocator.as_mut().unwrap().restarting.insert(
             "u1".into(),
@@ -1167,6 +1209,11 @@ mod tests {
                 remaining_txns: 0,
             },
         );
+        if let Some(Ok(a)) = o.cn_activity.get_mut("cn-1") {
+            a.locks = Some(0);
+            a.live_lock_holders = Some(0);
+            a.oldest_txn = OldestTxn::NoneRunning;
+        }
     }
 
     /// Drives a drain to the point where it has sent the handshake.
@@ -1459,6 +1506,11 @@ mod tests {
                         .get_mut("u1")
                         .unwrap()
                         .remaining_txns = 2;
+                    // ... and the CN's own lock service shows them live.
+                    if let Some(Ok(a)) = o.cn_activity.get_mut("cn-1") {
+                        a.live_lock_holders = Some(2);
+                        a.oldest_txn = OldestTxn::CreatedAt(Millis(0));
+                    }
                 }),
             ),
             (
@@ -2150,6 +2202,53 @@ mod tests {
             "{:?}",
             d.hold
         );
+    }
+
+    /// The allocator's "can restart, 0" may come from an older process's entry of the same UUID
+    /// (v1.2.4 keeps it until a validation of that process fails, which a retryable error
+    /// postpones): the CN's own lock service must agree before it counts, and again before a
+    /// lost release is sent again.
+    #[test]
+    fn the_allocators_word_counts_only_when_the_cns_own_lock_service_agrees() {
+        let mut d = remove();
+        to_handover(&mut d);
+        let mut o = obs(5_000);
+        draining(&mut o);
+        confirm(&mut o);
+        let own = |o: &mut Observation, live: Option<u32>, oldest: OldestTxn| {
+            if let Some(Ok(a)) = o.cn_activity.get_mut("cn-1") {
+                a.live_lock_holders = live;
+                a.oldest_txn = oldest;
+            }
+        };
+        let mut a = vec![];
+        for (live, oldest, why) in [
+            (
+                Some(1),
+                OldestTxn::NoneRunning,
+                "live transactions hold locks",
+            ),
+            (None, OldestTxn::NoneRunning, "not read"),
+            (
+                Some(0),
+                OldestTxn::CreatedAt(Millis(1_000)),
+                "from before the mark",
+            ),
+            (Some(0), OldestTxn::NotRead, "not read"),
+        ] {
+            own(&mut o, live, oldest);
+            d.step(&o, &TIMING, Ok(()), &mut a);
+            assert!(a.is_empty(), "{why}: {a:?}");
+            assert!(d.hold.as_deref().unwrap().contains(why), "{:?}", d.hold);
+        }
+        // A transaction begun after the mark settled (3 s after its acceptance) is no concern.
+        o.now = Millis(7_000);
+        own(&mut o, Some(0), OldestTxn::CreatedAt(Millis(6_500)));
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(matches!(&a[..], [Action::DeletePod { .. }]), "{a:?}");
+        assert_eq!(d.still_confirmed(&o), Ok(()));
+        own(&mut o, Some(1), OldestTxn::NoneRunning);
+        assert!(d.still_confirmed(&o).is_err());
     }
 
     /// The extension's drain counts what the kernel's lock service counts, leaks included:

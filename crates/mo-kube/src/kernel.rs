@@ -88,6 +88,15 @@ fn observation_error(e: &RpcError) -> ObservationError {
 }
 
 fn action_error(e: &RpcError) -> ActionError {
+    // A connection lost after the request went out, or an answer that could not be read: the
+    // call may have been applied, as after a timeout (a second restart request to an entry
+    // that already may restart wedges it, so the core must not take it for "not applied").
+    if matches!(
+        e,
+        RpcError::ConnectionLost { .. } | RpcError::Malformed { .. }
+    ) {
+        return ActionError::Timeout(e.to_string());
+    }
     match e.kind() {
         ErrorKind::DoesNotExist => ActionError::DoesNotExist(e.to_string()),
         // The call may or may not have happened: the core re-checks before relying on it.
@@ -1317,6 +1326,16 @@ mod tests {
         assert!(matches!(
             observation_error(&lost),
             ObservationError::Unavailable(_)
+        ));
+        // An action whose connection broke after it was sent may have been applied.
+        assert!(matches!(action_error(&lost), ActionError::Timeout(_)));
+        let refused = RpcError::Connect {
+            address: "a".into(),
+            detail: "connection refused".into(),
+        };
+        assert!(matches!(
+            action_error(&refused),
+            ActionError::Unavailable(_)
         ));
     }
 

@@ -266,6 +266,41 @@ impl AttachedCluster {
             .collect()
     }
 
+    /// The transactions CN `name`'s current process runs (its `GetTxnInfo`): id and when each
+    /// began, in simulated time.
+    pub fn cn_transactions(&self, name: &str) -> Vec<(u64, Millis)> {
+        let Some(&p) = self.sim.pod_by_name.get(name) else {
+            return Vec::new();
+        };
+        let Some(cn) = self.sim.cns.get(&p) else {
+            return Vec::new();
+        };
+        self.sim
+            .txns
+            .iter()
+            .filter(|(_, t)| t.cn.pod == p && t.cn.epoch == cn.epoch)
+            .map(|(&x, t)| (x, t.created_at))
+            .collect()
+    }
+
+    /// The transactions holding locks in CN `name`'s lock tables as its lock service lists
+    /// them (`GetLockInfo`), the ones it never heard unlock included.
+    pub fn cn_lock_holders(&self, name: &str) -> Vec<u64> {
+        let Some(cn) = self
+            .sim
+            .pod_by_name
+            .get(name)
+            .and_then(|p| self.sim.cns.get(p))
+        else {
+            return Vec::new();
+        };
+        cn.holders
+            .iter()
+            .chain(cn.stale_holders.keys())
+            .copied()
+            .collect()
+    }
+
     /// The object vanished without our kubelet finishing it (a force delete): the container
     /// is killed at once.
     pub fn pod_vanished(&mut self, name: &str, uid: &str) {

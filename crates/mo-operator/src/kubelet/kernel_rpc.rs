@@ -814,6 +814,62 @@ impl Answering {
                         count: i64::from(activity.replicas),
                     });
                 }
+                Ok(M::GetLockInfo) => {
+                    let short = self
+                        .name
+                        .strip_prefix(&SimCluster::prefix(key))
+                        .unwrap_or(&self.name);
+                    let lock_info_list = sim
+                        .model
+                        .cn_lock_holders(short)
+                        .into_iter()
+                        .map(|x| query::LockInfo {
+                            holders: vec![lock::WaitTxn {
+                                txn_id: x.to_be_bytes().to_vec(),
+                                created_on: cn_uuid(&self.name),
+                            }],
+                            ..Default::default()
+                        })
+                        .collect();
+                    response.get_lock_info_response = Some(query::GetLockInfoResponse {
+                        cn_id: cn_uuid(&self.name),
+                        lock_info_list,
+                    });
+                }
+                Ok(M::GetTxnInfo) => {
+                    let short = self
+                        .name
+                        .strip_prefix(&SimCluster::prefix(key))
+                        .unwrap_or(&self.name);
+                    // Creation times on the wall clock, as a CN reports them.
+                    let now_model = sim.model.now();
+                    let now_wall = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64);
+                    let txn_info_list = sim
+                        .model
+                        .cn_transactions(short)
+                        .into_iter()
+                        .map(|(x, created)| {
+                            let ago = plane.to_wall(now_model - created);
+                            let at = now_wall.saturating_sub(ago.0);
+                            query::TxnInfo {
+                                create_at: Some(query::WireTimestamp {
+                                    seconds: (at / 1000) as i64,
+                                    nanos: ((at % 1000) * 1_000_000) as i32,
+                                }),
+                                meta: Some(query::TxnMetaId {
+                                    id: x.to_be_bytes().to_vec(),
+                                }),
+                                user_txn: true,
+                            }
+                        })
+                        .collect();
+                    response.get_txn_info_response = Some(query::GetTxnInfoResponse {
+                        cn_id: cn_uuid(&self.name),
+                        txn_info_list,
+                    });
+                }
                 _ => return QueryService::not_supported(&request),
             }
             response

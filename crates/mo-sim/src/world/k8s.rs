@@ -149,10 +149,19 @@ impl Simulation {
         if self.pods[p].component == Component::Tn {
             self.tn.stop_cause = cause;
         }
-        if cause == Cause::Voluntary && self.pods[p].process_alive {
+        // A CN runs on until its SIGTERM (and may yet take a lock table meanwhile): its stop is
+        // judged then. The others are judged at their deletion.
+        if cause == Cause::Voluntary
+            && self.pods[p].process_alive
+            && self.pods[p].component != Component::Cn
+        {
             self.check_voluntary_stop(p, why);
         }
-        self.pods[p].deletion = Some(Deletion { cause, recreate });
+        self.pods[p].deletion = Some(Deletion {
+            cause,
+            recreate,
+            why: why.to_string(),
+        });
         self.pods[p].ready = false;
         let name = self.pods[p].name.clone();
         self.trace(&name, "deleted", || why.to_string());
@@ -191,6 +200,13 @@ impl Simulation {
                 self.after(self.t.tn_shutdown, Ev::ProcessExit(p, epoch));
             }
             Component::Cn => {
+                if cause == Cause::Voluntary {
+                    let why = self.pods[p]
+                        .deletion
+                        .as_ref()
+                        .map_or_else(String::new, |d| d.why.clone());
+                    self.check_voluntary_stop(p, &why);
+                }
                 self.cn_begin_shutdown(p, cause);
                 self.after(self.t.cn_lock_close, Ev::CnLockClose(p, epoch));
                 self.after(self.t.cn_shutdown, Ev::ProcessExit(p, epoch));

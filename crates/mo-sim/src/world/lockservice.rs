@@ -135,8 +135,20 @@ impl Simulation {
         Millis(start + rounds * period)
     }
 
-    /// Releases the transactions the owner counts whose CN instance is gone.
+    /// Releases the transactions the owner counts whose CN instance is gone. The release first
+    /// tells the allocator they cannot commit (`CannotCommit`): with the TN down, the next round.
     pub(crate) fn orphan_check(&mut self, p: PodId, epoch: u64) {
+        if self.tn.phase != TnPhase::Running {
+            if self
+                .cns
+                .get(&p)
+                .is_some_and(|c| c.epoch == epoch && c.lock_open)
+            {
+                let at = self.orphan_check_at(p, self.now);
+                self.schedule(at, Ev::OrphanCheck(p, epoch));
+            }
+            return;
+        }
         let gone: Vec<TxnId> = match self.cns.get(&p) {
             Some(cn) if cn.epoch == epoch && cn.lock_open => cn
                 .stale_holders
@@ -518,8 +530,10 @@ impl Simulation {
                 .get(&instance)
                 .is_some_and(|e| e.status != EntryStatus::Enable);
             if !handshake {
+                // Back in service: an earlier "done" no longer says anything about it.
                 cn.restart_mode = RestartMode::None;
                 cn.restart_time = None;
+                cn.confirmed_epoch = None;
             }
         }
         Ok(())

@@ -67,6 +67,8 @@ pub(crate) struct Deletion {
     pub cause: Cause,
     /// The workload controller creates the pod again (same name, new UID).
     pub recreate: bool,
+    /// Why it was deleted (a CN's stop is judged when its process is told to stop).
+    pub why: String,
 }
 
 #[derive(Clone, Debug)]

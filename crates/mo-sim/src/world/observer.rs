@@ -529,43 +529,49 @@ impl Simulation {
                     pod: p,
                     epoch: cn.epoch,
                 };
+                // What the clients lose by this stop (the kernel's own background work is
+                // rolled back by a graceful stop, and counted apart): their lock tables it owns,
+                // their transactions it counts that still run, their sessions on it.
                 let owned = self
                     .tn
                     .allocator
                     .binds
-                    .values()
-                    .filter(|b| b.owner == me)
+                    .iter()
+                    .filter(|(table, b)| b.owner == me && self.is_client_table(table))
                     .count();
                 let active = self.active_txns(p);
                 let live = active
                     .iter()
                     .filter(|x| {
-                        self.txns
-                            .get(x)
-                            .is_some_and(|t| self.instance_running(t.cn))
+                        self.txns.get(x).is_some_and(|t| {
+                            self.instance_running(t.cn)
+                                && self
+                                    .clients
+                                    .get(t.client)
+                                    .is_none_or(|c| c.background_on.is_none())
+                        })
                     })
                     .count();
                 let sessions = cn.sessions.len();
-                // Safe to stop: the allocator took its tables back (for this instance); or it
-                // never heard of it since it started (no entry, no bind) and it serves nobody;
-                // or it refuses new lockers and no live transaction holds a lock it serves or
-                // runs here (the wedged hand-over: its lockers wait for the binds to move).
+                // Safe to stop: the allocator took its tables back (for this instance); or no
+                // client transaction depends on it and it owns no client table, or owns some
+                // but refuses new lockers (told to restart: a wedged hand-over, whose lockers
+                // wait for the binds to move as they already do).
                 let handed_over = cn.confirmed_epoch == Some(cn.epoch);
-                let known = self.tn.allocator.services.contains_key(&me);
-                let unknown_and_idle = !known && owned == 0 && sessions == 0;
-                let marked_and_idle =
-                    cn.restart_mode != RestartMode::None && live == 0 && sessions == 0;
-                if marked_and_idle && !handed_over {
+                let marked = cn.restart_mode != RestartMode::None;
+                let nothing_live = live == 0 && sessions == 0;
+                let idle = nothing_live && (owned == 0 || marked);
+                if marked && nothing_live && !handed_over {
                     self.saw("CN stopped on a wedged hand-over (no live transaction counted)");
                 }
-                if !(handed_over || unknown_and_idle || marked_and_idle) {
+                if !(handed_over || idle) {
                     let counted = active.len();
                     self.count_unsafe(
                         |u| &mut u.pod_deleted_without_drain_confirmation,
                         format!(
                             "{name} stopped ({why}) without a drain confirmation for its instance \
-                             (owns {owned} lock tables, {counted} transactions counted, {live} of \
-                             them live, {sessions} sessions)"
+                             (owns {owned} client lock tables, counts {counted} transactions, {live} \
+                             of them live clients', {sessions} sessions)"
                         ),
                     );
                 }

@@ -1339,6 +1339,9 @@ fn stopping_a_cn_on_a_wedged_hand_over_is_judged_by_whether_a_live_transaction_d
         run_to(&mut s, secs(20));
         assert_eq!(s.cns[&cn1].restart_mode, RestartMode::Waiting, "wedged");
         s.delete_pod(cn1, Cause::Voluntary, false, "scale-in");
+        // Judged when the process is told to stop (its SIGTERM, 900 ms later).
+        let deleted = s.now;
+        run_to(&mut s, deleted + secs(2));
         assert_eq!(
             s.unsafe_actions.pod_deleted_without_drain_confirmation,
             u64::from(live),

@@ -86,6 +86,11 @@ impl Simulation {
         }
     }
 
+    /// Whether `table` is one of the clients' (not the kernel's internal ones).
+    pub(crate) fn is_client_table(&self, table: &str) -> bool {
+        self.tables[..self.client_tables].iter().any(|t| t == table)
+    }
+
     /// One background worker per CN pod, each starting at a random point of its interval.
     pub(crate) fn start_background_work(&mut self) {
         let Some(spec) = self.scenario.workload.background.clone() else {
@@ -291,15 +296,24 @@ impl Simulation {
             let Some(cn) = self.cns.get(&requester.pod) else {
                 return LockResult::Retry;
             };
-            let disabled = self
+            // `GetBind` from a service the allocator has marked (its entry not Enable) is refused
+            // with 20635, which the locker does not retry (v1.2.4 `lock_table_allocator.go`
+            // `canGetBind`, `lockop/lock_op.go` `canRetryLock`), even before the CN has heard.
+            let marked = self
                 .tn
                 .allocator
                 .services
                 .get(&requester)
-                .is_some_and(|e| e.disabled_at.is_some());
-            if disabled || cn.restart_mode != RestartMode::None {
-                // A CN that is restarting cannot become an owner (`serviceBinds.bind` refuses a
-                // disabled service); the proxy moves the session.
+                .is_some_and(|e| e.status != EntryStatus::Enable);
+            if marked {
+                let text = format!(
+                    "new txn in CN rolling restart (20635) on {}: no lock table bind for a marked service",
+                    self.pods[requester.pod].name
+                );
+                return LockResult::Failed(text, Cause::Voluntary);
+            }
+            if cn.restart_mode != RestartMode::None {
+                // A CN that is restarting cannot become an owner; the proxy moves the session.
                 return LockResult::Retry;
             }
             self.bind_version_bump += 1;
