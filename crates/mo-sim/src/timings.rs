@@ -114,10 +114,12 @@ impl Default for Timings {
             proxy_heartbeat: Dur::secs(3),
             heartbeat: Dur::secs(1),
             cn_heartbeat: Dur::secs(1),
-            wal_try_timeout: Dur::mins(1),
+            // v1.2.4 `logservicedriver/options.go` `NewDefaultConfig`: each append 10 s
+            // (`ClientAppendDuration`), then retried back to back for 3 min (`RetryTimeout`).
+            wal_try_timeout: Dur::secs(10),
             wal_total_timeout: Dur::mins(3),
-            wal_backoff_initial: Dur::ms(100),
-            wal_backoff_max: Dur::secs(4),
+            wal_backoff_initial: Dur::ms(0),
+            wal_backoff_max: Dur::ms(0),
             wal_append_latency: Dur::ms(2),
             tn_hakeeper_wait: Dur::mins(2),
             tn_start: Dur::secs(5),

@@ -238,12 +238,7 @@ impl Simulation {
             self.tn.wal_block_cause = self.shard_outage_cause(1);
             self.tn.wal_try = 0;
             self.tn.wal_generation += 1;
-            let deadline = self.now
-                + self
-                    .t
-                    .wal_try_timeout
-                    .millis()
-                    .min(self.wal_total_timeout());
+            let deadline = self.now + self.t.wal_try_timeout.millis();
             let (epoch, generation) = (self.tn.epoch, self.tn.wal_generation);
             self.schedule(deadline, Ev::TnWalDeadline { epoch, generation });
             self.log("tn", || {
@@ -582,8 +577,10 @@ impl Simulation {
         }
     }
 
-    /// Each try lasts `wal_try_timeout`, tries are separated by a doubling backoff, and the
-    /// TN gives up when `wal_total_timeout` has passed since the first blocked append.
+    /// The first append lasts `wal_try_timeout`; then tries of that length are retried (after a
+    /// doubling backoff, none in v1.2.4) until `wal_total_timeout` of retrying has passed: the
+    /// TN panics at the end of the try that crosses it (v1.2.4 `driverAppender.append`,
+    /// `RetryWithTimeout`: ≈ 3 min 10 s after the first blocked append).
     pub(crate) fn tn_wal_deadline(&mut self, epoch: u64, generation: u64) {
         if self.tn.epoch != epoch || self.tn.wal_generation != generation {
             return;
@@ -591,7 +588,8 @@ impl Simulation {
         let Some(since) = self.tn.wal_blocked_since else {
             return;
         };
-        let total = self.wal_total_timeout();
+        let first_try = self.t.wal_try_timeout.millis();
+        let total = first_try + self.wal_total_timeout();
         if self.now - since >= total {
             let cause = self.wal_outage_cause();
             self.tn_fatal("FATAL: Wal-Cannot-Append: context deadline exceeded", cause);
