@@ -24,7 +24,7 @@ pub use observe::{
     RemovalRequest, RestartAnswer, TnStoreView, UpgradeSpec, WorkState,
 };
 pub use policy::{EvictionVerdict, Policy, PolicyInput};
-pub use rollout::OnStall;
+pub use rollout::{MaxUnavailable, OnStall};
 pub use safe::{ProgressRecord, SafeConfig, SafePolicy};
 pub use strategy::{Strategy, StrategyError};
 pub use time::Millis;

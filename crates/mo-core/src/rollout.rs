@@ -1,7 +1,9 @@
-//! The upgrade rollout: phases from the dependency strategy, one pod at a time, each restart
-//! preceded by its pre-restart gate and followed by its functional gate held for a stability
-//! window; the finished phase's gate holds again before the next phase starts. A stall halts
-//! (or rolls the phase back through the same gates); it never advances, restarts or deletes.
+//! The upgrade rollout: phases from the dependency strategy; LOG and TN one pod at a time, CN
+//! and proxy phases up to their `maxUnavailable` pods at once (each in its own lane), each
+//! restart preceded by its pre-restart gate and followed by its functional gate held for a
+//! stability window; the finished phase's gate holds again before the next phase starts. A
+//! stall halts (or rolls the phase back through the same gates); it never advances, restarts or
+//! deletes.
 
 use crate::action::{Action, ActionError, ActionResult};
 use crate::component::Component;
@@ -55,6 +57,124 @@ pub enum Step {
     Settle {
         healthy_since: Option<Millis>,
     },
+}
+
+impl Step {
+    /// The pod this step works on (none between pods and while the phase settles).
+    pub fn pod(&self) -> Option<&str> {
+        match self {
+            Step::NextPod | Step::Settle { .. } => None,
+            Step::MoveLeadership { pod, .. }
+            | Step::DrainCn { pod, .. }
+            | Step::DrainProxy { pod, .. }
+            | Step::Restart { pod, .. }
+            | Step::Verify { pod, .. } => Some(pod),
+        }
+    }
+}
+
+/// A further pod of the phase restarted at the same time as the rollout's own `step`: the
+/// same step and the per-pod clocks that go with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lane {
+    pub step: Step,
+    #[serde(default)]
+    pub absent_since: Option<Millis>,
+    #[serde(default)]
+    pub healthy_seen: bool,
+    /// What this lane waits on (not persisted: recomputed every step).
+    #[serde(skip)]
+    hold: Option<String>,
+}
+
+impl Lane {
+    fn idle() -> Lane {
+        Lane {
+            step: Step::NextPod,
+            absent_since: None,
+            healthy_seen: false,
+            hold: None,
+        }
+    }
+}
+
+/// How many pods of a CN or proxy phase may be restarting at once: a count, or a percentage of
+/// the component's pods (rounded down). Never less than one, or the phase could not move; the
+/// pre-restart gates still keep a Working CN and a routing proxy whatever the number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "CountOrPercent", into = "CountOrPercent")]
+pub enum MaxUnavailable {
+    Pods(u32),
+    Percent(u32),
+}
+
+impl Default for MaxUnavailable {
+    fn default() -> Self {
+        MaxUnavailable::Pods(1)
+    }
+}
+
+impl MaxUnavailable {
+    pub fn of(self, pods: usize) -> usize {
+        match self {
+            MaxUnavailable::Pods(n) => n as usize,
+            MaxUnavailable::Percent(p) => pods * p.min(100) as usize / 100,
+        }
+        .max(1)
+    }
+
+    /// `2` or `"2"` (pods), `"50%"` (of the component's pods).
+    pub fn parse(text: &str) -> Result<MaxUnavailable, String> {
+        let bad = || format!("`{text}` is neither a number of pods nor a percentage like 25%");
+        match text.trim().strip_suffix('%') {
+            Some(p) => p
+                .parse()
+                .ok()
+                .filter(|p| *p <= 100)
+                .map(MaxUnavailable::Percent)
+                .ok_or_else(bad),
+            None => text
+                .trim()
+                .parse()
+                .map(MaxUnavailable::Pods)
+                .map_err(|_| bad()),
+        }
+    }
+}
+
+impl std::fmt::Display for MaxUnavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MaxUnavailable::Pods(n) => write!(f, "{n}"),
+            MaxUnavailable::Percent(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum CountOrPercent {
+    Count(u32),
+    Text(String),
+}
+
+impl TryFrom<CountOrPercent> for MaxUnavailable {
+    type Error = String;
+    fn try_from(v: CountOrPercent) -> Result<Self, String> {
+        match v {
+            CountOrPercent::Count(n) => Ok(MaxUnavailable::Pods(n)),
+            CountOrPercent::Text(t) => MaxUnavailable::parse(&t),
+        }
+    }
+}
+
+impl From<MaxUnavailable> for CountOrPercent {
+    fn from(m: MaxUnavailable) -> Self {
+        match m {
+            MaxUnavailable::Pods(n) => CountOrPercent::Count(n),
+            p => CountOrPercent::Text(p.to_string()),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,6 +236,20 @@ pub struct RolloutTiming {
     /// A proxy whose clients have not all left this long after it went out of its Service
     /// halts the rollout (it is never stopped with connections on it).
     pub proxy_drain_grace: Millis,
+    pub cn_max_unavailable: MaxUnavailable,
+    pub proxy_max_unavailable: MaxUnavailable,
+}
+
+impl RolloutTiming {
+    /// Pods of `component` (of `pods`) the phase restarts at once.
+    pub fn parallelism(&self, component: Component, pods: usize) -> usize {
+        match component {
+            // One LOG replica at a time keeps the quorum margin; one TN is all there is.
+            Component::Log | Component::Tn => 1,
+            Component::Cn => self.cn_max_unavailable.of(pods),
+            Component::Proxy => self.proxy_max_unavailable.of(pods),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,6 +280,9 @@ pub struct Rollout {
     /// halts at the stall timeout instead of holding the rollout for good.
     #[serde(default)]
     pub healthy_seen: bool,
+    /// Further pods of a CN or proxy phase restarting at the same time as `step`'s.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more: Vec<Lane>,
 }
 
 /// What happened this step, for the policy to report.
@@ -179,6 +316,7 @@ impl Rollout {
             absent_since: None,
             unsupported: BTreeSet::new(),
             healthy_seen: false,
+            more: Vec::new(),
         }
     }
 
@@ -214,12 +352,22 @@ impl Rollout {
         }
     }
 
-    /// The proxy instance the running rollout keeps out of its Service, if any.
-    pub fn proxy_out_of_service(&self) -> Option<(&str, &str)> {
-        match (&self.status, &self.step) {
-            (RolloutStatus::Running, Step::DrainProxy { pod, uid, .. }) => Some((pod, uid)),
-            _ => None,
+    /// Every step in progress: the rollout's own, then its further lanes'.
+    pub fn steps(&self) -> impl Iterator<Item = &Step> {
+        std::iter::once(&self.step).chain(self.more.iter().map(|l| &l.step))
+    }
+
+    /// The proxy instances the running rollout keeps out of their Service.
+    pub fn proxies_out_of_service(&self) -> Vec<(&str, &str)> {
+        if self.status != RolloutStatus::Running {
+            return Vec::new();
         }
+        self.steps()
+            .filter_map(|s| match s {
+                Step::DrainProxy { pod, uid, .. } => Some((pod.as_str(), uid.as_str())),
+                _ => None,
+            })
+            .collect()
     }
 
     /// A LOG pod is being moved by the rollout right now (evictions of LOG wait for it).
@@ -274,6 +422,7 @@ impl Rollout {
             if timing.on_stall == OnStall::Rollback && !self.rolling_back && self.phase_started {
                 self.rolling_back = true;
                 self.progress(now, Step::NextPod);
+                self.more.clear();
                 self.hold = Some(format!("rolling the {component} phase back: {reason}"));
             } else {
                 self.status = if self.rolling_back {
@@ -293,6 +442,96 @@ impl Rollout {
         if timing.pre_pull && !self.rolling_back {
             self.pre_pull(obs, timing, actions);
         }
+        self.step_lanes(obs, timing, component, drains, actions, &mut report);
+        report
+    }
+
+    /// Steps every lane of the phase, then opens another while the phase may restart more
+    /// pods at once and each lane has a pod. A lane with nothing to do is closed unless it is
+    /// the last (which settles the phase once no pod is left).
+    fn step_lanes(
+        &mut self,
+        obs: &Observation,
+        timing: &RolloutTiming,
+        component: Component,
+        drains: &mut Vec<Drain>,
+        actions: &mut Vec<Action>,
+        report: &mut StepReport,
+    ) {
+        let width = timing.parallelism(component, obs.pods_of(component).count());
+        let first = Lane {
+            step: self.step.clone(),
+            absent_since: self.absent_since,
+            healthy_seen: self.healthy_seen,
+            hold: None,
+        };
+        let mut lanes: Vec<Lane> = std::iter::once(first)
+            .chain(std::mem::take(&mut self.more))
+            .collect();
+        let mut i = 0;
+        loop {
+            if i == lanes.len() {
+                let all_busy = lanes.iter().all(|l| l.step.pod().is_some());
+                if lanes.len() >= width || !all_busy {
+                    break;
+                }
+                lanes.push(Lane::idle());
+            }
+            let claimed: Vec<String> = lanes
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .filter_map(|(_, l)| l.step.pod().map(str::to_string))
+                .collect();
+            self.step = lanes[i].step.clone();
+            self.absent_since = lanes[i].absent_since;
+            self.healthy_seen = lanes[i].healthy_seen;
+            self.hold = None;
+            self.step_lane(obs, timing, component, &claimed, drains, actions, report);
+            lanes[i] = Lane {
+                step: self.step.clone(),
+                absent_since: self.absent_since,
+                healthy_seen: self.healthy_seen,
+                hold: self.hold.take(),
+            };
+            if self.status != RolloutStatus::Running || self.component() != Some(component) {
+                // Halted (the other lanes stay as they are), or the phase finished (only a
+                // lone lane settles it): nothing else moves this step.
+                break;
+            }
+            if i + 1 == lanes.len() && i > 0 && lanes[i].step.pod().is_none() {
+                // The lane just opened found nothing to start.
+                lanes.pop();
+                break;
+            }
+            i += 1;
+        }
+        if lanes.iter().any(|l| l.step.pod().is_some()) {
+            lanes.retain(|l| l.step.pod().is_some());
+        }
+        let holds: Vec<String> = lanes.iter().filter_map(|l| l.hold.clone()).collect();
+        let mut lanes = lanes.into_iter();
+        let first = lanes.next().expect("one lane at least");
+        self.step = first.step;
+        self.absent_since = first.absent_since;
+        self.healthy_seen = first.healthy_seen;
+        self.more = lanes.map(|l| Lane { hold: None, ..l }).collect();
+        self.hold = (!holds.is_empty()).then(|| holds.join("; "));
+    }
+
+    /// One lane's step: the pod it works on, or the next pod no other lane (`claimed`) has.
+    #[allow(clippy::too_many_arguments)]
+    fn step_lane(
+        &mut self,
+        obs: &Observation,
+        timing: &RolloutTiming,
+        component: Component,
+        claimed: &[String],
+        drains: &mut Vec<Drain>,
+        actions: &mut Vec<Action>,
+        report: &mut StepReport,
+    ) {
+        let now = obs.now;
         let version = self.phase_version();
         let watched = match &self.step {
             Step::Verify { pod, .. } | Step::Restart { pod, .. } => Some(pod.clone()),
@@ -308,12 +547,14 @@ impl Rollout {
                 // Removed meanwhile (scale-in): nothing left to verify for it.
                 self.progress(now, Step::NextPod);
             }
-            Step::NextPod => self.next_pod(obs, component, &version, drains, actions, &mut report),
+            Step::NextPod => {
+                self.next_pod(obs, component, &version, claimed, drains, actions, report)
+            }
             Step::MoveLeadership { pod, uid, sent_at } => {
                 if let Err(e) = gates::log_restart_margin(obs, &pod) {
                     self.step = Step::NextPod;
                     self.wait(e);
-                    return report;
+                    return;
                 }
                 let moves = self.leadership_to_move(obs, &pod);
                 if moves.is_empty() {
@@ -372,13 +613,13 @@ impl Rollout {
             } => self.drain_proxy(
                 obs,
                 timing,
-                &pod,
-                &uid,
+                (&pod, &uid),
+                claimed,
                 since,
                 sent_at,
                 &version,
                 actions,
-                &mut report,
+                report,
             ),
             Step::Restart {
                 pod,
@@ -423,7 +664,7 @@ impl Rollout {
                     !p.terminating && p.phase == PodPhase::Running && p.version != version
                 }) {
                     self.progress(now, Step::NextPod);
-                    return report;
+                    return;
                 }
                 let crashed = obs.pod(&pod).map(|p| p.restarts).unwrap_or(restarts) > restarts;
                 let gate = if crashed {
@@ -469,7 +710,7 @@ impl Rollout {
                     Ok(()) => {
                         let since = healthy_since.unwrap_or(now);
                         if now - since >= timing.stability_window {
-                            self.finish_phase(now, component, actions, &mut report);
+                            self.finish_phase(now, component, actions, report);
                         } else {
                             if healthy_since.is_none() && !self.healthy_seen {
                                 self.last_progress = now;
@@ -492,7 +733,6 @@ impl Rollout {
                 }
             }
         }
-        report
     }
 
     fn remaining(&self, obs: &Observation, component: Component, version: &str) -> usize {
@@ -501,18 +741,25 @@ impl Rollout {
             .count()
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn next_pod(
         &mut self,
         obs: &Observation,
         component: Component,
         version: &str,
+        claimed: &[String],
         drains: &mut Vec<Drain>,
         actions: &mut Vec<Action>,
         report: &mut StepReport,
     ) {
         let now = obs.now;
-        let mut pods: Vec<&PodObservation> = obs.pods_of(component).collect();
+        let mut pods: Vec<&PodObservation> = obs
+            .pods_of(component)
+            .filter(|p| !claimed.contains(&p.name))
+            .collect();
         pods.sort_by(|a, b| a.name.cmp(&b.name));
+        // Pods other lanes restart are the phase's own unavailability (within its width);
+        // any other pod down waits.
         if let Some(busy) = pods
             .iter()
             .find(|p| p.terminating || p.phase != PodPhase::Running)
@@ -539,6 +786,10 @@ impl Rollout {
             .min_by_key(|p| leads(p))
             .copied()
         else {
+            if !claimed.is_empty() {
+                // Every pod left is in another lane: this one has nothing to do.
+                return;
+            }
             self.progress(
                 now,
                 Step::Settle {
@@ -586,16 +837,18 @@ impl Rollout {
                 .map_err(|e| format!("cannot read HAKeeper: {e}"))
                 .and_then(gates::wal_writable),
             Component::Cn => {
+                // CNs draining, or restarting in another lane (its restart may not show yet).
                 let draining: Vec<String> = drains
                     .iter()
                     .filter(|d| d.is_active() && d.stage < DrainStage::Released)
                     .map(|d| d.pod.clone())
+                    .chain(claimed.iter().cloned())
                     .collect();
                 gates::other_working_cn_excluding(obs, &pod.name, &draining)
             }
             Component::Proxy => {
                 if obs.pods_of(Component::Proxy).count() > 1 {
-                    gates::other_proxy_routes(obs, Some(&pod.name))
+                    gates::other_proxy_routes_excluding(obs, &without(claimed, &pod.name))
                 } else {
                     Ok(())
                 }
@@ -725,8 +978,8 @@ impl Rollout {
         &mut self,
         obs: &Observation,
         timing: &RolloutTiming,
-        pod: &str,
-        uid: &str,
+        (pod, uid): (&str, &str),
+        claimed: &[String],
         since: Millis,
         sent_at: Millis,
         version: &str,
@@ -739,7 +992,7 @@ impl Rollout {
             self.progress(now, Step::NextPod);
             return;
         };
-        if let Err(e) = gates::other_proxy_routes(obs, Some(pod)) {
+        if let Err(e) = gates::other_proxy_routes_excluding(obs, &without(claimed, pod)) {
             actions.push(Action::SetProxyServing {
                 pod: pod.to_string(),
                 uid: uid.to_string(),
@@ -891,6 +1144,15 @@ impl Rollout {
             }
         }
     }
+}
+
+/// `claimed` and `pod`, as the names a gate leaves out.
+fn without<'a>(claimed: &'a [String], pod: &'a str) -> Vec<&'a str> {
+    claimed
+        .iter()
+        .map(String::as_str)
+        .chain(std::iter::once(pod))
+        .collect()
 }
 
 /// The functional gate of one restarted pod. Its new instance is known by Kubernetes' record

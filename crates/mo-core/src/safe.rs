@@ -8,7 +8,7 @@ use crate::drain::{Drain, DrainPurpose, DrainStage, DrainTiming};
 use crate::gates;
 use crate::observe::{EvictionRequest, Observation, RemovalReason};
 use crate::policy::{EvictionVerdict, Policy, PolicyInput};
-use crate::rollout::{OnStall, Rollout, RolloutStatus, RolloutTiming};
+use crate::rollout::{MaxUnavailable, OnStall, Rollout, RolloutStatus, RolloutTiming};
 use crate::time::{Millis, human};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -60,6 +60,10 @@ pub struct SafeConfig {
     /// counted only after that).
     #[serde(with = "human")]
     pub endpoints_settle: Millis,
+    /// CN pods an upgrade restarts at once (a count or a percentage of the CNs).
+    pub cn_max_unavailable: MaxUnavailable,
+    /// Proxy pods an upgrade restarts at once.
+    pub proxy_max_unavailable: MaxUnavailable,
 }
 
 impl Default for SafeConfig {
@@ -80,6 +84,8 @@ impl Default for SafeConfig {
             previous_instance_expiry: Millis::from_secs(30),
             proxy_drain_grace: Millis::from_mins(5),
             endpoints_settle: Millis::from_secs(5),
+            cn_max_unavailable: MaxUnavailable::default(),
+            proxy_max_unavailable: MaxUnavailable::default(),
         }
     }
 }
@@ -107,6 +113,8 @@ impl SafeConfig {
             resend_after: self.resend_after,
             proxy_drain_grace: self.proxy_drain_grace,
             endpoints_settle: self.endpoints_settle,
+            cn_max_unavailable: self.cn_max_unavailable,
+            proxy_max_unavailable: self.proxy_max_unavailable,
         }
     }
 }
@@ -283,11 +291,12 @@ impl SafePolicy {
             .record
             .rollout
             .as_ref()
-            .and_then(|r| r.proxy_out_of_service());
+            .map(|r| r.proxies_out_of_service())
+            .unwrap_or_default();
         // Proxies decided out this tick: two evicted in the same instant never both go out.
-        let mut out: Vec<&str> = drained.map(|(pod, _)| pod).into_iter().collect();
+        let mut out: Vec<&str> = drained.iter().map(|(pod, _)| *pod).collect();
         for pod in obs.pods_of(Component::Proxy).filter(|p| !p.terminating) {
-            if drained == Some((pod.name.as_str(), pod.uid.as_str())) {
+            if drained.contains(&(pod.name.as_str(), pod.uid.as_str())) {
                 continue;
             }
             let evicted = self

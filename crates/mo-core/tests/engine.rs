@@ -1119,3 +1119,188 @@ fn a_proxy_counts_as_a_route_only_with_a_running_cn_that_serves_the_workload() {
     }
     assert!(gates::other_proxy_routes(&o, Some("proxy-0")).is_err());
 }
+
+/// `cluster` with `cns` CNs and `proxies` proxies.
+fn wide(cns: usize, proxies: usize) -> Observation {
+    let mut o = cluster("v1");
+    for i in 2..cns {
+        let name = format!("cn-{i}");
+        let mut p = pod(&name, Component::Cn, "v1", &format!("u-cn-{i}"));
+        p.node = format!("node-{name}");
+        o.node_images
+            .insert(p.node.clone(), vec!["v1".into(), "v2".into()]);
+        o.pods.push(p);
+        o.hakeeper.as_mut().unwrap().cns.push(CnStoreView {
+            uuid: format!("uuid-{name}"),
+            start_epoch: 10 + i as u64,
+            work_state: WorkState::Working,
+            heartbeat_age: Millis(500),
+            version: "v1".into(),
+        });
+        o.cn_activity.insert(name, Ok(CnActivity::default()));
+    }
+    for i in 2..proxies {
+        let name = format!("proxy-{i}");
+        let p = pod(&name, Component::Proxy, "v1", &format!("u-px-{i}"));
+        o.node_images
+            .insert(p.node.clone(), vec!["v1".into(), "v2".into()]);
+        o.pods.push(p);
+        o.proxy_routes.insert(name.clone(), Ok(cns as u32));
+        o.proxy_connections.insert(name, Ok(3));
+    }
+    o
+}
+
+fn out_of_service(d: &Decision) -> Vec<String> {
+    d.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::SetProxyServing {
+                pod,
+                serving: false,
+                ..
+            } => Some(pod.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn proxies_restart_as_many_at_once_as_max_unavailable_allows_and_one_keeps_routing() {
+    for (width, expected) in [
+        (MaxUnavailable::Pods(1), vec!["proxy-0"]),
+        (MaxUnavailable::Pods(2), vec!["proxy-0", "proxy-1"]),
+        // All of them asked for: one still routes.
+        (MaxUnavailable::Percent(100), vec!["proxy-0", "proxy-1"]),
+    ] {
+        let mut p = SafePolicy::new(SafeConfig {
+            proxy_max_unavailable: width,
+            ..SafeConfig::default()
+        });
+        let mut o = wide(2, 3);
+        upgrade(
+            &mut o,
+            r#"{"proxy":[],"log":["proxy"],"tn":["log"],"cn":["tn"]}"#,
+        );
+        let d = decide(&mut p, &o);
+        assert_eq!(out_of_service(&d), expected, "width {width}");
+        follow_proxy_drains(&mut o, &d);
+        // Clients gone, the endpoints followed: each proxy out restarts, in the same tick.
+        o.now += SafeConfig::default().endpoints_settle + Millis::from_secs(1);
+        let d = decide(&mut p, &o);
+        let restarted = restarts(&d);
+        assert_eq!(restarted, expected, "width {width}");
+        assert!(out_of_service(&d).is_empty(), "{:?}", d.actions);
+    }
+}
+
+#[test]
+fn a_proxy_lane_puts_its_proxy_back_when_the_last_routing_one_fails() {
+    let mut p = SafePolicy::new(SafeConfig {
+        proxy_max_unavailable: MaxUnavailable::Pods(2),
+        ..SafeConfig::default()
+    });
+    let mut o = wide(2, 3);
+    upgrade(
+        &mut o,
+        r#"{"proxy":[],"log":["proxy"],"tn":["log"],"cn":["tn"]}"#,
+    );
+    let d = decide(&mut p, &o);
+    follow_proxy_drains(&mut o, &d);
+    // The proxy left in service stops routing: neither out-of-service proxy may stop.
+    o.proxy_routes.insert(
+        "proxy-2".into(),
+        Err(ObservationError::Timeout("read".into())),
+    );
+    o.now += Millis::from_secs(1);
+    let d = decide(&mut p, &o);
+    assert!(restarts(&d).is_empty(), "{:?}", d.actions);
+    let back: std::collections::BTreeSet<&str> = d
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::SetProxyServing {
+                pod, serving: true, ..
+            } => Some(pod.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        back.into_iter().collect::<Vec<_>>(),
+        vec!["proxy-0", "proxy-1"]
+    );
+}
+
+#[test]
+fn cns_drain_as_many_at_once_as_max_unavailable_allows_and_hand_over_one_at_a_time() {
+    let mut p = SafePolicy::new(SafeConfig {
+        cn_max_unavailable: MaxUnavailable::Pods(2),
+        ..SafeConfig::default()
+    });
+    let mut o = wide(4, 2);
+    upgrade(
+        &mut o,
+        r#"{"cn":[],"log":["cn"],"tn":["log"],"proxy":["tn"]}"#,
+    );
+    let marked = marked_within(&mut p, &mut o, 3);
+    assert_eq!(
+        marked,
+        vec!["uuid-cn-0", "uuid-cn-1"],
+        "two of four at once"
+    );
+    let rollout = p.record().rollout.as_ref().expect("rollout");
+    let pods: Vec<&str> = rollout.steps().filter_map(|s| s.pod()).collect();
+    assert_eq!(pods, vec!["cn-0", "cn-1"]);
+    // The record keeps both lanes across an operator restart.
+    let record = p.progress_record().expect("record");
+    let resumed = SafePolicy::resume(SafeConfig::default(), &record);
+    assert_eq!(resumed.record(), p.record());
+}
+
+#[test]
+fn four_cns_of_which_two_are_draining_leave_no_room_for_a_third_at_any_width() {
+    // Width 100% of 3 CNs: every restart still needs another CN Working, so at most two go.
+    let mut p = SafePolicy::new(SafeConfig {
+        cn_max_unavailable: MaxUnavailable::Percent(100),
+        ..SafeConfig::default()
+    });
+    let mut o = wide(3, 2);
+    upgrade(
+        &mut o,
+        r#"{"cn":[],"log":["cn"],"tn":["log"],"proxy":["tn"]}"#,
+    );
+    let marked = marked_within(&mut p, &mut o, 5);
+    assert_eq!(marked, vec!["uuid-cn-0", "uuid-cn-1"]);
+}
+
+/// The CNs marked Draining over `seconds` one-second steps (the marks are not applied, so
+/// every drain stays at its first stage).
+fn marked_within(p: &mut SafePolicy, o: &mut Observation, seconds: u64) -> Vec<String> {
+    let mut marked = std::collections::BTreeSet::new();
+    for _ in 0..seconds {
+        let d = decide(p, o);
+        marked.extend(d.actions.iter().filter_map(|a| match a {
+            Action::SetCnWorkState {
+                uuid,
+                state: WorkState::Draining,
+            } => Some(uuid.clone()),
+            _ => None,
+        }));
+        o.now += Millis::from_secs(1);
+    }
+    marked.into_iter().collect()
+}
+
+#[test]
+fn max_unavailable_reads_counts_and_percentages() {
+    assert_eq!(MaxUnavailable::parse("2"), Ok(MaxUnavailable::Pods(2)));
+    assert_eq!(
+        MaxUnavailable::parse("25%"),
+        Ok(MaxUnavailable::Percent(25))
+    );
+    assert!(MaxUnavailable::parse("101%").is_err());
+    assert!(MaxUnavailable::parse("two").is_err());
+    assert_eq!(MaxUnavailable::Percent(25).of(8), 2);
+    assert_eq!(MaxUnavailable::Percent(10).of(3), 1, "never less than one");
+    assert_eq!(MaxUnavailable::Pods(0).of(3), 1);
+}

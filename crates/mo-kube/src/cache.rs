@@ -14,11 +14,30 @@ where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
+    cache_with(api, config, |_| {})
+}
+
+/// [`cache`], calling `touched` with every object the watch reports changed (after the store
+/// has it): one watch feeds both the store and whoever reacts to changes.
+pub fn cache_with<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    touched: impl Fn(&K) + Send + 'static,
+) -> Store<K>
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
     let (store, writer) = reflector::store();
     let stream = reflector(writer, watcher(api, config))
         .default_backoff()
         .touched_objects()
-        .for_each(|_| futures::future::ready(()));
+        .for_each(move |object| {
+            if let Ok(object) = object {
+                touched(&object);
+            }
+            futures::future::ready(())
+        });
     tokio::spawn(stream);
     store
 }

@@ -1,5 +1,7 @@
-//! The `MatrixOneCluster` controller: every tick, observe (API server + kernel), let the
-//! decision core decide, persist its progress record in the status, then act.
+//! The `MatrixOneCluster` controller: on every change of a cluster's objects (its pods, their
+//! nodes, its disruption budgets, the cluster itself) and at least every tick, observe (API
+//! server + kernel), let the decision core decide, persist its progress record in the status,
+//! then act.
 //!
 //! Order matters and is the safety argument: the record (and any template version an action
 //! will change) is written to the API server *before* the action is carried out, so an
@@ -17,10 +19,10 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::controller::{Action as Requeue, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use mo_core::{
@@ -44,8 +46,14 @@ pub enum Error {
 
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// How often each cluster is observed and decided on.
+    /// How often each cluster is observed and decided on when nothing changes (the core's
+    /// timers: stability windows, resends, stall clocks).
     pub tick: Duration,
+    /// Watch events of one cluster closer together than this wake one reconcile.
+    pub debounce: Duration,
+    /// The kernel of one cluster is read at most once per this (a burst of watch events does
+    /// not become a burst of RPCs).
+    pub min_kernel_read_gap: Duration,
     /// Owned objects are re-applied at least this often (drift repair).
     pub reapply_every: Duration,
     /// Identity for events (the pod name in a deployment).
@@ -71,6 +79,8 @@ pub(crate) struct ClusterState {
     budgets: Option<BTreeMap<Component, crate::protection::Budget>>,
     /// The LOG bootstrap decision this process last recorded (the cached status may lag).
     bootstrap: Option<crate::crd::LogBootstrap>,
+    /// When the kernel was last read for this cluster.
+    kernel_read_at: Option<Instant>,
 }
 
 pub struct Context {
@@ -81,7 +91,69 @@ pub struct Context {
     pub(crate) pods: Store<Pod>,
     pub(crate) nodes: Store<Node>,
     states: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<ClusterState>>>>,
+    wakeups: Arc<Wakeups>,
     settings: Settings,
+}
+
+/// Changes seen by the pod and node caches, turned into reconciles of the clusters they
+/// concern (one watch per kind feeds both the caches and the controller).
+#[derive(Default)]
+struct Wakeups {
+    /// Set while the controller runs; before that its first pass covers every cluster.
+    to: Mutex<Option<tokio::sync::mpsc::UnboundedSender<ObjectRef<MatrixOneCluster>>>>,
+    /// The first change per cluster (`namespace/name`) not yet answered by a reconcile.
+    since: Mutex<BTreeMap<String, Instant>>,
+    /// What the core reads of each node, hashed: node status updates that change none of it
+    /// wake nobody.
+    nodes: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Wakeups {
+    fn wake(&self, cluster: ObjectRef<MatrixOneCluster>) {
+        let to = self.to.lock().expect("wakeups lock");
+        let Some(to) = to.as_ref() else {
+            return;
+        };
+        let key = format!(
+            "{}/{}",
+            cluster.namespace.as_deref().unwrap_or_default(),
+            cluster.name
+        );
+        self.since
+            .lock()
+            .expect("wakeups lock")
+            .entry(key)
+            .or_insert_with(Instant::now);
+        let _ = to.send(cluster);
+    }
+
+    fn on_pod(&self, pod: &Pod) {
+        if let Some(cluster) = cluster_of(pod) {
+            self.wake(cluster);
+        }
+    }
+
+    fn on_node(&self, node: &Node, pods: &Store<Pod>) {
+        let seen = hash_of(&node_essentials(node));
+        let changed = self
+            .nodes
+            .lock()
+            .expect("wakeups lock")
+            .insert(node.name_any(), seen)
+            != Some(seen);
+        if changed {
+            for cluster in clusters_on_node(pods, &node.name_any()) {
+                self.wake(cluster);
+            }
+        }
+    }
+
+    fn answered(&self, ns: &str, name: &str) -> Option<Instant> {
+        self.since
+            .lock()
+            .expect("wakeups lock")
+            .remove(&format!("{ns}/{name}"))
+    }
 }
 
 impl Context {
@@ -140,12 +212,19 @@ impl Context {
         settings: Settings,
     ) -> Arc<Context> {
         let pod_selector = format!("{}={}", resources::LABEL_MANAGED_BY, resources::MANAGED_BY);
-        let pods = crate::cache::cache(
+        let wakeups = Arc::new(Wakeups::default());
+        let on_pod = wakeups.clone();
+        let pods = crate::cache::cache_with(
             scoped::<Pod>(&client, settings.namespace.as_deref()),
             watcher::Config::default().labels(&pod_selector),
+            move |pod| on_pod.on_pod(pod),
         );
-        let nodes =
-            crate::cache::cache(Api::<Node>::all(client.clone()), watcher::Config::default());
+        let (on_node, pods_by_node) = (wakeups.clone(), pods.clone());
+        let nodes = crate::cache::cache_with(
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default(),
+            move |node| on_node.on_node(node, &pods_by_node),
+        );
         let _ = pods.wait_until_ready().await;
         let _ = nodes.wait_until_ready().await;
         let recorder = Recorder::new(
@@ -163,6 +242,7 @@ impl Context {
             pods,
             nodes,
             states: Mutex::new(BTreeMap::new()),
+            wakeups,
             settings,
         })
     }
@@ -173,11 +253,28 @@ pub async fn run(
     context: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let clusters =
-        scoped::<MatrixOneCluster>(&context.client, context.settings.namespace.as_deref());
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let namespace = context.settings.namespace.as_deref();
+    let clusters = scoped::<MatrixOneCluster>(&context.client, namespace);
+    let managed = watcher::Config::default().labels(&format!(
+        "{}={}",
+        resources::LABEL_MANAGED_BY,
+        resources::MANAGED_BY
+    ));
+    let (to, woken) = tokio::sync::mpsc::unbounded_channel();
+    *context.wakeups.to.lock().expect("wakeups lock") = Some(to);
+    let woken = futures::stream::unfold(woken, |mut rx| async move {
+        rx.recv().await.map(|cluster| (cluster, rx))
+    });
     Controller::new(clusters, watcher::Config::default())
+        .with_config(ControllerConfig::default().debounce(context.settings.debounce))
+        .reconcile_on(woken)
+        .owns(
+            scoped::<PodDisruptionBudget>(&context.client, namespace),
+            managed,
+        )
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, context)
+        .run(reconcile, error_policy, context.clone())
         .for_each(|result| {
             if let Err(e) = result {
                 tracing::debug!(error = %e, "reconcile failed");
@@ -185,6 +282,55 @@ pub async fn run(
             futures::future::ready(())
         })
         .await;
+    *context.wakeups.to.lock().expect("wakeups lock") = None;
+}
+
+/// The cluster a managed pod belongs to (its label; same namespace).
+fn cluster_of(pod: &Pod) -> Option<ObjectRef<MatrixOneCluster>> {
+    let name = pod.labels().get(resources::LABEL_CLUSTER)?;
+    Some(ObjectRef::new(name).within(&pod.namespace()?))
+}
+
+/// Clusters with a pod on `node`, from the pod cache.
+fn clusters_on_node(pods: &Store<Pod>, node: &str) -> Vec<ObjectRef<MatrixOneCluster>> {
+    let mut clusters: Vec<ObjectRef<MatrixOneCluster>> = pods
+        .state()
+        .iter()
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_deref())
+                .is_some_and(|n| n == node)
+        })
+        .filter_map(|p| cluster_of(p))
+        .collect();
+    clusters.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    clusters.dedup();
+    clusters
+}
+
+/// What the core reads of a node: cordon, taints, readiness, cached images, deletion.
+fn node_essentials(node: &Node) -> serde_json::Value {
+    let spec = node.spec.as_ref();
+    let status = node.status.as_ref();
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.clone());
+    let mut images: Vec<&String> = status
+        .and_then(|s| s.images.as_ref())
+        .into_iter()
+        .flatten()
+        .flat_map(|i| i.names.iter().flatten())
+        .collect();
+    images.sort();
+    serde_json::json!({
+        "unschedulable": spec.and_then(|s| s.unschedulable),
+        "taints": spec.and_then(|s| s.taints.as_ref()),
+        "ready": ready,
+        "images": images,
+        "deleting": node.metadata.deletion_timestamp.is_some(),
+    })
 }
 
 fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
@@ -206,6 +352,7 @@ fn error_policy(_cluster: Arc<MatrixOneCluster>, error: &Error, ctx: Arc<Context
 async fn reconcile(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let started = Instant::now();
     let ns = cluster.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let woken_at = ctx.wakeups.answered(&ns, &cluster.name_any());
     let api: Api<MatrixOneCluster> = Api::namespaced(ctx.client.clone(), &ns);
     let result = finalizer(&api, FINALIZER, cluster, |event| async {
         match event {
@@ -217,6 +364,10 @@ async fn reconcile(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<
     .map_err(|e| Error::Finalizer(e.to_string()));
     ctx.metrics
         .observe_reconcile(started.elapsed(), result.is_ok());
+    if let Some(woken_at) = woken_at {
+        // From the watch event to this reconcile's actions carried out.
+        ctx.metrics.observe_reaction(woken_at.elapsed());
+    }
     result
 }
 
@@ -336,6 +487,17 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
 
     let nodes: Vec<Node> = ctx.nodes.state().iter().map(|n| (**n).clone()).collect();
     let intervals = kernel_config::heartbeat_intervals(&cluster);
+    if let Some(last) = state.kernel_read_at {
+        // Wait rather than reuse: a reading is as old as the decision it feeds.
+        let gap = ctx
+            .settings
+            .min_kernel_read_gap
+            .saturating_sub(last.elapsed());
+        if !gap.is_zero() {
+            tokio::time::sleep(gap).await;
+        }
+    }
+    state.kernel_read_at = Some(Instant::now());
     let kernel = ctx.kernel.kernel_view(&ns, &name, &pods, &intervals).await;
     if kernel.hakeeper.is_err() {
         ctx.metrics
@@ -931,4 +1093,90 @@ fn update_gauges(
 /// The pods of a cluster as the controller's cache sees them (for tests and tools).
 pub fn pods_of<'a>(cluster: &str, pods: &'a [Pod]) -> Vec<&'a Pod> {
     cluster_pods(cluster, pods).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeSpec, PodSpec};
+    use kube::api::ObjectMeta;
+    use kube::runtime::reflector;
+
+    fn pod(name: &str, cluster: &str, node: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                labels: Some(BTreeMap::from([(
+                    resources::LABEL_CLUSTER.to_string(),
+                    cluster.to_string(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(node.into()),
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    fn node(name: &str, unschedulable: bool) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(NodeSpec {
+                unschedulable: Some(unschedulable),
+                ..NodeSpec::default()
+            }),
+            ..Node::default()
+        }
+    }
+
+    fn woken(
+        rx: &mut tokio::sync::mpsc::UnboundedReceiver<ObjectRef<MatrixOneCluster>>,
+    ) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(c) = rx.try_recv() {
+            out.push(c.name);
+        }
+        out
+    }
+
+    #[test]
+    fn pods_wake_their_cluster_and_nodes_wake_the_clusters_on_them_only_when_it_matters() {
+        let wakeups = Wakeups::default();
+        let (store, mut writer) = reflector::store::<Pod>();
+        for p in [
+            pod("a-cn-0", "a", "n1"),
+            pod("b-cn-0", "b", "n1"),
+            pod("c-cn-0", "c", "n2"),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(p));
+        }
+        // Before the controller runs, changes are left to its first pass.
+        wakeups.on_pod(&pod("a-cn-0", "a", "n1"));
+        assert!(wakeups.answered("ns", "a").is_none());
+        let (to, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        *wakeups.to.lock().unwrap() = Some(to);
+
+        wakeups.on_pod(&pod("a-cn-0", "a", "n1"));
+        assert_eq!(woken(&mut rx), vec!["a"]);
+        assert!(wakeups.answered("ns", "a").is_some());
+        assert!(wakeups.answered("ns", "a").is_none(), "answered once");
+
+        wakeups.on_node(&node("n1", false), &store);
+        assert_eq!(woken(&mut rx), vec!["a", "b"], "first sight of n1");
+        wakeups.on_node(&node("n1", false), &store);
+        assert!(
+            woken(&mut rx).is_empty(),
+            "a status update that changes nothing"
+        );
+        wakeups.on_node(&node("n1", true), &store);
+        assert_eq!(woken(&mut rx), vec!["a", "b"], "cordoned");
+        wakeups.on_node(&node("n3", true), &store);
+        assert!(woken(&mut rx).is_empty(), "no cluster on n3");
+    }
 }

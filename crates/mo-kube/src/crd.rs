@@ -8,8 +8,9 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
-use mo_core::{Component, Millis, OnStall, SafeConfig, Strategy};
+use mo_core::{Component, MaxUnavailable, Millis, OnStall, SafeConfig, Strategy};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -402,6 +403,46 @@ pub struct UpgradeSettings {
     #[serde(default = "default_proxy_drain_grace")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
     pub proxy_drain_grace: String,
+    /// Pods of a CN or proxy phase restarted at once. Whatever the number, a CN is restarted
+    /// only while another CN serving the workload is Working, and a proxy only while another
+    /// one routes; LOG and TN always go one at a time.
+    #[serde(default)]
+    pub max_unavailable: MaxUnavailableSettings,
+}
+
+/// Per component, a number of pods (`2`) or a percentage of them (`"50%"`, rounded down, at
+/// least one).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("type(self.cn) == int ? self.cn >= 1 : self.cn.matches('^[0-9]+%$')").message("spec.upgrade.maxUnavailable.cn: a number of pods (1 or more) or a percentage like 25%").field_path(".cn"))]
+#[x_kube(validation = Rule::new("type(self.proxy) == int ? self.proxy >= 1 : self.proxy.matches('^[0-9]+%$')").message("spec.upgrade.maxUnavailable.proxy: a number of pods (1 or more) or a percentage like 25%").field_path(".proxy"))]
+pub struct MaxUnavailableSettings {
+    #[serde(default = "one_pod")]
+    pub cn: IntOrString,
+    #[serde(default = "one_pod")]
+    pub proxy: IntOrString,
+}
+
+fn one_pod() -> IntOrString {
+    IntOrString::Int(1)
+}
+
+impl Default for MaxUnavailableSettings {
+    fn default() -> Self {
+        MaxUnavailableSettings {
+            cn: one_pod(),
+            proxy: one_pod(),
+        }
+    }
+}
+
+fn max_unavailable(field: &'static str, v: &IntOrString) -> Result<MaxUnavailable, SpecError> {
+    let parsed = match v {
+        IntOrString::Int(n) if *n >= 1 => Ok(MaxUnavailable::Pods(*n as u32)),
+        IntOrString::Int(n) => Err(format!("{n} pods: at least 1")),
+        IntOrString::String(text) => MaxUnavailable::parse(text),
+    };
+    parsed.map_err(|message| SpecError::Value { field, message })
 }
 
 fn default_proxy_drain_grace() -> String {
@@ -418,6 +459,7 @@ impl Default for UpgradeSettings {
             tn_wal_tolerance: default_tn_tolerance(),
             pre_pull: true,
             proxy_drain_grace: default_proxy_drain_grace(),
+            max_unavailable: MaxUnavailableSettings::default(),
         }
     }
 }
@@ -588,6 +630,11 @@ pub enum SpecError {
         field: &'static str,
         message: String,
     },
+    #[error("spec.{field}: {message}")]
+    Value {
+        field: &'static str,
+        message: String,
+    },
 }
 
 impl MatrixOneClusterSpec {
@@ -629,6 +676,14 @@ impl MatrixOneClusterSpec {
             proxy_drain_grace: d("upgrade.proxyDrainGrace", &self.upgrade.proxy_drain_grace)?,
             eviction_abandon: d("drain.evictionAbandon", &self.drain.eviction_abandon)?,
             drain_alarm: d("drain.alarmAfter", &self.drain.alarm_after)?,
+            cn_max_unavailable: max_unavailable(
+                "upgrade.maxUnavailable.cn",
+                &self.upgrade.max_unavailable.cn,
+            )?,
+            proxy_max_unavailable: max_unavailable(
+                "upgrade.maxUnavailable.proxy",
+                &self.upgrade.max_unavailable.proxy,
+            )?,
             ..SafeConfig::default()
         })
     }

@@ -58,15 +58,13 @@ impl Samples {
         samples.push_back(took);
     }
 
-    /// p50 and p99 in milliseconds, and the sample count.
-    fn percentiles(&self) -> (f64, f64, usize) {
-        let mut samples: Vec<Duration> = self
-            .0
-            .lock()
-            .expect("latency lock")
-            .iter()
-            .copied()
-            .collect();
+    /// p50 and p99 in milliseconds, and the sample count, over the newest `newest` samples
+    /// (all kept when `None`).
+    fn percentiles(&self, newest: Option<usize>) -> (f64, f64, usize) {
+        let kept = self.0.lock().expect("latency lock");
+        let skip = newest.map_or(0, |n| kept.len().saturating_sub(n));
+        let mut samples: Vec<Duration> = kept.iter().skip(skip).copied().collect();
+        drop(kept);
         if samples.is_empty() {
             return (0.0, 0.0, 0);
         }
@@ -95,8 +93,11 @@ pub struct Metrics {
     pub leader: Gauge,
     pub reviews: Family<ReviewLabels, Counter>,
     pub review_seconds: Histogram,
+    /// From a watch event of a cluster's objects to its reconcile's actions carried out.
+    pub reaction_seconds: Histogram,
     latencies: Samples,
     review_latencies: Samples,
+    reaction_latencies: Samples,
 }
 
 impl Default for Metrics {
@@ -119,6 +120,12 @@ impl Metrics {
         let leader = Gauge::default();
         let reviews = Family::<ReviewLabels, Counter>::default();
         let review_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+        let reaction_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        registry.register(
+            "reaction_duration_seconds",
+            "From a watch event of a cluster's pods, nodes, budgets or object to its reconcile's actions carried out",
+            reaction_seconds.clone(),
+        );
         registry.register(
             "disruption_reviews",
             "Eviction / delete / preStop reviews answered, by door, component and verdict",
@@ -183,8 +190,10 @@ impl Metrics {
             leader,
             reviews,
             review_seconds,
+            reaction_seconds,
             latencies: Samples::default(),
             review_latencies: Samples::default(),
+            reaction_latencies: Samples::default(),
         }
     }
 
@@ -198,8 +207,19 @@ impl Metrics {
         self.latencies.push(took);
     }
 
-    pub fn latency_percentiles(&self) -> (f64, f64, usize) {
-        self.latencies.percentiles()
+    /// Reconcile latency: p50, p99 in ms and the sample count (over the newest `newest`).
+    pub fn latency_percentiles(&self, newest: Option<usize>) -> (f64, f64, usize) {
+        self.latencies.percentiles(newest)
+    }
+
+    pub fn observe_reaction(&self, took: Duration) {
+        self.reaction_seconds.observe(took.as_secs_f64());
+        self.reaction_latencies.push(took);
+    }
+
+    /// Reaction (watch event → actions done) latency: p50, p99 in ms and the sample count.
+    pub fn reaction_percentiles(&self, newest: Option<usize>) -> (f64, f64, usize) {
+        self.reaction_latencies.percentiles(newest)
     }
 
     pub fn observe_review(&self, door: &str, component: &str, allowed: bool, took: Duration) {
@@ -216,7 +236,7 @@ impl Metrics {
 
     /// Review (webhook decision) latency: p50, p99 in ms and the sample count.
     pub fn review_percentiles(&self) -> (f64, f64, usize) {
-        self.review_latencies.percentiles()
+        self.review_latencies.percentiles(None)
     }
 
     pub fn encode(&self) -> String {
@@ -237,10 +257,16 @@ mod tests {
         for ms in 1..=100 {
             m.observe_reconcile(Duration::from_millis(ms), ms != 7);
         }
-        let (p50, p99, n) = m.latency_percentiles();
+        let (p50, p99, n) = m.latency_percentiles(None);
         assert_eq!(n, 100);
         assert!((50.0..=51.0).contains(&p50), "{p50}");
         assert!((99.0..=100.0).contains(&p99), "{p99}");
+        let (p50, _, n) = m.latency_percentiles(Some(10));
+        assert_eq!(n, 10);
+        assert!(
+            (95.0..=96.0).contains(&p50),
+            "the newest ten are 91..=100 ms: {p50}"
+        );
         let text = m.encode();
         assert!(
             text.contains("mo_operator_reconciles_total{result=\"error\"} 1"),

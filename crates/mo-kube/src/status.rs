@@ -83,15 +83,19 @@ fn describe_step(rollout: &Rollout) -> String {
         RolloutStatus::Halted { .. } => format!("halted in {phase} phase"),
         RolloutStatus::RolledBack { .. } => format!("rolled back in {phase} phase"),
         RolloutStatus::Running => {
-            let what = match &rollout.step {
-                Step::NextPod => "next pod".to_string(),
-                Step::MoveLeadership { pod, .. } => format!("move leadership off {pod}"),
-                Step::DrainCn { pod, .. } => format!("drain {pod}"),
-                Step::DrainProxy { pod, .. } => format!("drain connections off {pod}"),
-                Step::Restart { pod, .. } => format!("restart {pod}"),
-                Step::Verify { pod, .. } => format!("verify {pod}"),
-                Step::Settle { .. } => "settle".to_string(),
-            };
+            let what = rollout
+                .steps()
+                .map(|step| match step {
+                    Step::NextPod => "next pod".to_string(),
+                    Step::MoveLeadership { pod, .. } => format!("move leadership off {pod}"),
+                    Step::DrainCn { pod, .. } => format!("drain {pod}"),
+                    Step::DrainProxy { pod, .. } => format!("drain connections off {pod}"),
+                    Step::Restart { pod, .. } => format!("restart {pod}"),
+                    Step::Verify { pod, .. } => format!("verify {pod}"),
+                    Step::Settle { .. } => "settle".to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
             let verb = if rollout.rolling_back {
                 "rollback"
             } else {

@@ -317,6 +317,19 @@ fn incident_002_without_fault() -> Result<Scenario> {
     Ok(scenario)
 }
 
+/// Incident 002's timings on a wider cluster (3 LOG, 1 TN, 8 CN, 3 proxies) whose CNs and
+/// proxies an upgrade restarts two at a time.
+fn wide_cluster() -> Result<Scenario> {
+    let mut scenario = incident_002_without_fault()?;
+    scenario.name = "incident-002-timings-8-cn-3-proxies-2-at-once".into();
+    scenario.topology.nodes = None;
+    scenario.topology.cn_groups[0].replicas = 8;
+    scenario.topology.proxy_replicas = 3;
+    scenario.safe.cn_max_unavailable = mo_core::MaxUnavailable::Pods(2);
+    scenario.safe.proxy_max_unavailable = mo_core::MaxUnavailable::Pods(2);
+    Ok(scenario)
+}
+
 fn makespan(report: &mo_sim::Report) -> Option<f64> {
     let u = report.upgrade.as_ref()?;
     Some(u.finished_at? - u.started_at?)
@@ -392,26 +405,36 @@ fn plan(arg: &str, strategy: Option<&str>, json: bool) -> Result<()> {
 }
 
 fn bench(campaign_seeds: u64, json: bool) -> Result<()> {
-    let scenario = incident_002_without_fault()?;
-    let strategy = scenario
-        .events
-        .iter()
-        .find_map(|e| e.upgrade.as_ref().and_then(|u| u.strategy.clone()))
-        .unwrap_or_default();
-    let lower = mo_sim::plan::plan(&scenario, &strategy).lower_bound_seconds;
-    let mut rows = Vec::new();
-    for policy in ["safe", "fixed-window", "legacy"] {
-        let mut s = scenario.clone();
-        s.policy = policy.into();
-        let report = Simulation::new(s, RunOptions::default()).run(&mut |_| {});
-        rows.push(serde_json::json!({
-            "policy": policy,
-            "makespan_seconds": makespan(&report),
-            "ratio_to_lower_bound": makespan(&report).map(|m| m / lower),
-            "txns": report.txns,
-            "tn_fatal_exits": report.tn_fatal_exits,
-            "unsafe_actions": report.unsafe_actions,
-            "wall_seconds": report.wall_seconds,
+    let scenarios = [incident_002_without_fault()?, wide_cluster()?];
+    let mut sections = Vec::new();
+    for scenario in &scenarios {
+        let strategy = scenario
+            .events
+            .iter()
+            .find_map(|e| e.upgrade.as_ref().and_then(|u| u.strategy.clone()))
+            .unwrap_or_default();
+        let lower = mo_sim::plan::plan(scenario, &strategy).lower_bound_seconds;
+        let mut rows = Vec::new();
+        for policy in ["safe", "fixed-window", "legacy"] {
+            let mut s = scenario.clone();
+            s.policy = policy.into();
+            let report = Simulation::new(s, RunOptions::default()).run(&mut |_| {});
+            rows.push(serde_json::json!({
+                "policy": policy,
+                "makespan_seconds": makespan(&report),
+                "ratio_to_lower_bound": makespan(&report).map(|m| m / lower),
+                "txns": report.txns,
+                "tn_fatal_exits": report.tn_fatal_exits,
+                "unsafe_actions": report.unsafe_actions,
+                "wall_seconds": report.wall_seconds,
+            }));
+        }
+        sections.push(serde_json::json!({
+            "scenario": scenario.name,
+            "cn_max_unavailable": scenario.safe.cn_max_unavailable.to_string(),
+            "proxy_max_unavailable": scenario.safe.proxy_max_unavailable.to_string(),
+            "lower_bound_seconds": lower,
+            "policies": rows,
         }));
     }
     let campaign = (campaign_seeds > 0).then(|| {
@@ -427,30 +450,36 @@ fn bench(campaign_seeds: u64, json: bool) -> Result<()> {
         })
     });
     let doc = serde_json::json!({
-        "scenario": scenario.name,
-        "lower_bound_seconds": lower,
-        "policies": rows,
+        "scenarios": sections,
         "campaign": campaign,
     });
     if json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
-    println!("{} — lower bound {lower:.0} s", scenario.name);
-    for row in &rows {
+    for section in &sections {
         println!(
-            "  {:<13} makespan {:>6} s  ratio {:>6}  failed {} unknown {} TN fatal exits {}",
-            row["policy"].as_str().unwrap_or("?"),
-            row["makespan_seconds"]
-                .as_f64()
-                .map_or("-".into(), |m| format!("{m:.0}")),
-            row["ratio_to_lower_bound"]
-                .as_f64()
-                .map_or("-".into(), |m| format!("{m:.3}")),
-            row["txns"]["failed_definite"],
-            row["txns"]["unknown"],
-            row["tn_fatal_exits"],
+            "{} (maxUnavailable CN {}, proxy {}) — lower bound {:.0} s",
+            section["scenario"].as_str().unwrap_or("?"),
+            section["cn_max_unavailable"].as_str().unwrap_or("?"),
+            section["proxy_max_unavailable"].as_str().unwrap_or("?"),
+            section["lower_bound_seconds"].as_f64().unwrap_or(0.0)
         );
+        for row in section["policies"].as_array().into_iter().flatten() {
+            println!(
+                "  {:<13} makespan {:>6} s  ratio {:>6}  failed {} unknown {} TN fatal exits {}",
+                row["policy"].as_str().unwrap_or("?"),
+                row["makespan_seconds"]
+                    .as_f64()
+                    .map_or("-".into(), |m| format!("{m:.0}")),
+                row["ratio_to_lower_bound"]
+                    .as_f64()
+                    .map_or("-".into(), |m| format!("{m:.3}")),
+                row["txns"]["failed_definite"],
+                row["txns"]["unknown"],
+                row["tn_fatal_exits"],
+            );
+        }
     }
     if let Some(c) = campaign {
         println!(

@@ -1,7 +1,7 @@
 //! `mo-operator run`: the Kubernetes operator (leader-elected controller + HTTP endpoints).
 
 use anyhow::{Context as _, Result};
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -32,9 +32,16 @@ pub struct Args {
     /// `{cluster}-log-discovery.{namespace}.svc:32001`.
     #[arg(long)]
     pub hakeeper_discovery_address: Option<String>,
-    /// How often each cluster is observed and decided on.
+    /// How often each cluster is observed and decided on when nothing changes; any change of
+    /// its pods, their nodes, its budgets or the cluster object wakes it at once.
     #[arg(long, default_value = "1s", value_parser = duration)]
     pub tick: Duration,
+    /// Watch events of one cluster closer together than this wake one reconcile.
+    #[arg(long, default_value = "20ms", value_parser = duration)]
+    pub debounce: Duration,
+    /// The kernel of one cluster is read at most once per this.
+    #[arg(long, default_value = "100ms", value_parser = duration)]
+    pub min_kernel_read_gap: Duration,
     /// Health, readiness and metrics endpoints.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub listen: String,
@@ -109,6 +116,12 @@ pub fn duration(text: &str) -> Result<Duration, String> {
     mo_kube::crd::parse_go_duration(text)
         .map(|m| Duration::from_millis(m.0))
         .ok_or_else(|| format!("`{text}` is not a duration like 500ms, 2s or 1m"))
+}
+
+/// `?newest=N`: percentiles over the newest N samples only (e.g. a steady state after a ramp).
+#[derive(serde::Deserialize)]
+struct Newest {
+    newest: Option<usize>,
 }
 
 struct Health {
@@ -317,10 +330,12 @@ pub async fn run(args: Args) -> Result<()> {
         )
         .route(
             "/debug/reconcile-latency",
-            get(|State(h): State<Arc<Health>>| async move {
-                let (p50, p99, samples) = h.metrics.latency_percentiles();
-                Json(serde_json::json!({"p50_ms": p50, "p99_ms": p99, "samples": samples}))
-            }),
+            get(
+                |State(h): State<Arc<Health>>, Query(q): Query<Newest>| async move {
+                    let (p50, p99, samples) = h.metrics.latency_percentiles(q.newest);
+                    Json(serde_json::json!({"p50_ms": p50, "p99_ms": p99, "samples": samples}))
+                },
+            ),
         )
         .route(
             "/debug/review-latency",
@@ -328,6 +343,15 @@ pub async fn run(args: Args) -> Result<()> {
                 let (p50, p99, samples) = h.metrics.review_percentiles();
                 Json(serde_json::json!({"p50_ms": p50, "p99_ms": p99, "samples": samples}))
             }),
+        )
+        .route(
+            "/debug/reaction-latency",
+            get(
+                |State(h): State<Arc<Health>>, Query(q): Query<Newest>| async move {
+                    let (p50, p99, samples) = h.metrics.reaction_percentiles(q.newest);
+                    Json(serde_json::json!({"p50_ms": p50, "p99_ms": p99, "samples": samples}))
+                },
+            ),
         )
         .route("/v1/drain-hook", post(drain_hook))
         .with_state(health.clone());
@@ -404,6 +428,8 @@ pub async fn run(args: Args) -> Result<()> {
     };
     let settings = Settings {
         tick: args.tick,
+        debounce: args.debounce,
+        min_kernel_read_gap: args.min_kernel_read_gap,
         reapply_every: Duration::from_secs(60),
         instance: identity,
         namespace: args.watch_namespace.clone(),

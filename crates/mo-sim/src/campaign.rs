@@ -101,7 +101,18 @@ pub fn generate(seed: u64) -> Scenario {
     } else {
         "Rollback"
     };
-    let _ = writeln!(y, "safe: {{on_stall: {on_stall}}}");
+    // How many CNs and proxies an upgrade restarts at once: its own stream, so the draw
+    // leaves every other part of the seed's scenario as it was.
+    let mut widths = ChaCha8Rng::seed_from_u64(seed ^ 0x7769_6474_6873);
+    let cn_width = match widths.random_range(0..4u32) {
+        0 => "'50%'".to_string(),
+        n => n.to_string(),
+    };
+    let proxy_width = widths.random_range(1..=2u32);
+    let _ = writeln!(
+        y,
+        "safe: {{on_stall: {on_stall}, cn_max_unavailable: {cn_width}, proxy_max_unavailable: {proxy_width}}}"
+    );
     let _ = writeln!(
         y,
         "topology:\n  version: v1\n  nodes: {nodes}\n  log_replicas: {log}\n  proxy_replicas: {proxies}\n  cn_groups:"
@@ -541,6 +552,17 @@ pub fn classes(scenario: &Scenario) -> Vec<&'static str> {
     add(
         !(k.drain_protocol || k.leader_transfer || k.wal_tolerance),
         "stock kernel",
+    );
+    let cn_pods: usize = scenario.topology.cn_groups.iter().map(|g| g.replicas).sum();
+    add(
+        ev.iter().any(|e| e.upgrade.is_some())
+            && (scenario.safe.cn_max_unavailable.of(cn_pods) > 1
+                || scenario
+                    .safe
+                    .proxy_max_unavailable
+                    .of(scenario.topology.proxy_replicas)
+                    > 1),
+        "upgrade restarting several CNs or proxies at once",
     );
     add(
         ev.iter().any(|e| e.upgrade.is_some())

@@ -28,13 +28,18 @@ pub struct Plan {
 
 /// The lower bound for `strategy` on `scenario`'s topology and timings: one image pull, then
 /// each LOG replica's restart + rejoin + catch-up in sequence, then TN, CN and proxy restarts
-/// at the largest safe parallelism (all CNs but one, all proxies but one, one TN).
+/// as many at once as the safe policy's `cn_max_unavailable` / `proxy_max_unavailable` allow,
+/// and never all of them (another CN must be Working, another proxy routing), one TN.
 pub fn plan(scenario: &Scenario, strategy: &Strategy) -> Plan {
     let t = &scenario.timings;
     let topo = &scenario.topology;
     let stop = |shutdown: Millis| t.kubelet_stop_delay.millis() + shutdown;
     let start = t.container_start.millis();
     let cn_pods: usize = topo.cn_groups.iter().map(|g| g.replicas).sum();
+    let safe = &scenario.safe;
+    // At most the configured width, and one pod of the component stays up.
+    let width =
+        |max: mo_core::MaxUnavailable, pods: usize| max.of(pods).min(pods.saturating_sub(1)).max(1);
     let phases = strategy
         .phases()
         .into_iter()
@@ -59,7 +64,7 @@ pub fn plan(scenario: &Scenario, strategy: &Strategy) -> Plan {
                 ),
                 Component::Cn => (
                     cn_pods,
-                    cn_pods.saturating_sub(1).max(1),
+                    width(safe.cn_max_unavailable, cn_pods),
                     // The drain's shortest path is one keepalive (the handshake).
                     t.bind_keepalive.millis()
                         + stop(t.cn_shutdown.millis())
@@ -70,7 +75,7 @@ pub fn plan(scenario: &Scenario, strategy: &Strategy) -> Plan {
                 ),
                 Component::Proxy => (
                     topo.proxy_replicas,
-                    topo.proxy_replicas.saturating_sub(1).max(1),
+                    width(safe.proxy_max_unavailable, topo.proxy_replicas),
                     stop(t.proxy_shutdown.millis()) + start + t.proxy_start.millis(),
                     // Not counted: the wait for its clients to leave once it is out of its
                     // Service, which depends on their connection lifetime (it can be nil).

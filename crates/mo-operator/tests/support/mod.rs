@@ -213,6 +213,17 @@ impl Operator {
         self.debug("reconcile-latency").await
     }
 
+    /// Reconcile latency over the newest `n` reconciles only.
+    pub async fn latency_of_newest(&self, n: usize) -> serde_json::Value {
+        self.debug(&format!("reconcile-latency?newest={n}")).await
+    }
+
+    /// From a watch event (a pod, node, budget or cluster change) to the reconcile's actions
+    /// carried out, as the operator measured it.
+    pub async fn reaction_latency(&self) -> serde_json::Value {
+        self.debug("reaction-latency").await
+    }
+
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
