@@ -269,8 +269,17 @@ async fn the_kernel_facts_the_engine_relies_on_hold_on_the_real_kernel() {
     // 1. An idle CN lists the kernel's own sessions, never zero; only clients count.
     let query =
         mo_rpc::QueryClient::new(format!("{}:19998", pod_ip(&t, "mo-ap-0").await), options());
-    let sessions = query.show_process_list().await.expect("ShowProcessList");
-    assert!(!sessions.is_empty(), "an idle CN lists internal sessions");
+    // The kernel opens them once its background work starts, which can be after the operator
+    // (woken by the pods' Ready at once) has declared the cluster Ready.
+    let sessions = wait_for(
+        "an idle CN lists internal sessions",
+        Duration::from_secs(60),
+        || async {
+            let sessions = query.show_process_list().await.ok()?;
+            (!sessions.is_empty()).then_some(sessions)
+        },
+    )
+    .await;
     let users: BTreeSet<String> = sessions.iter().map(|s| s.user.clone()).collect();
     assert_eq!(mo_kube::kernel::client_sessions(&sessions), 0, "{users:?}");
     let held = mo_sqlload::hold_row_lock(&ap, "facts", "f1", 1)
