@@ -382,6 +382,7 @@ async fn cleanup(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Re
     ctx.metrics.rollout_phase.remove(&labels);
     ctx.metrics.rollout_halted.remove(&labels);
     ctx.metrics.holds.remove(&labels);
+    ctx.metrics.drains_alarmed.remove(&labels);
     ctx.event(
         &cluster,
         EventType::Normal,
@@ -652,17 +653,25 @@ async fn patch_status(
     name: &str,
     status: &MatrixOneClusterStatus,
 ) -> Result<(), Error> {
-    #[derive(Serialize, Debug)]
-    struct Body<'a> {
-        status: &'a MatrixOneClusterStatus,
-    }
     api.patch_status(
         name,
         &PatchParams::default(),
-        &Patch::Merge(&Body { status }),
+        &Patch::Merge(status_patch(status)),
     )
     .await?;
     Ok(())
+}
+
+/// The merge patch of `status`. A merge patch keeps what it omits, so a field that is now
+/// unset is sent as null: a finished rollout must not keep showing what it last waited on.
+fn status_patch(status: &MatrixOneClusterStatus) -> serde_json::Value {
+    let mut value = serde_json::to_value(status).expect("a status serializes");
+    if let Some(rollout) = value.get_mut("rollout").and_then(|r| r.as_object_mut()) {
+        rollout
+            .entry("waitingOn")
+            .or_insert(serde_json::Value::Null);
+    }
+    serde_json::json!({ "status": value })
 }
 
 /// Merges `fields` into the status (one field recorded on its own, before acting on it).
@@ -1067,6 +1076,13 @@ fn update_gauges(
         .holds
         .get_or_create(&labels)
         .set(policy.holds().len() as i64);
+    metrics.drains_alarmed.get_or_create(&labels).set(
+        record
+            .drains
+            .iter()
+            .filter(|d| d.is_active() && d.alarmed)
+            .count() as i64,
+    );
     let mut by_stage: BTreeMap<String, i64> = BTreeMap::new();
     for d in &status.drains {
         *by_stage.entry(d.stage.clone()).or_default() += 1;
@@ -1098,6 +1114,32 @@ pub fn pods_of<'a>(cluster: &str, pods: &'a [Pod]) -> Vec<&'a Pod> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_patch_clears_what_a_finished_rollout_no_longer_waits_on() {
+        let mut status = MatrixOneClusterStatus {
+            rollout: Some(crate::crd::RolloutStatusView {
+                target: "v2".into(),
+                step: "complete".into(),
+                waiting_on: None,
+            }),
+            ..MatrixOneClusterStatus::default()
+        };
+        let patch = status_patch(&status);
+        assert_eq!(
+            patch["status"]["rollout"]
+                .as_object()
+                .expect("rollout")
+                .get("waitingOn"),
+            Some(&serde_json::Value::Null),
+            "{patch}"
+        );
+        status.rollout.as_mut().expect("rollout").waiting_on = Some("gate".into());
+        assert_eq!(
+            status_patch(&status)["status"]["rollout"]["waitingOn"],
+            "gate"
+        );
+    }
     use k8s_openapi::api::core::v1::{NodeSpec, PodSpec};
     use kube::api::ObjectMeta;
     use kube::runtime::reflector;

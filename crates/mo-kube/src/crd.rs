@@ -48,6 +48,7 @@ pub struct MatrixOneClusterSpec {
     /// The pods' image pull policy (Kubernetes' default when unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<PullPolicy>,
+    /// Secrets the pods pull the image with.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub image_pull_secrets: Vec<LocalObjectReference>,
     pub log: LogSpec,
@@ -95,8 +96,10 @@ impl PullPolicy {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretKeyRef {
+    /// The Secret's name.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
+    /// The key whose value is used.
     #[schemars(length(min = 1, max = 253))]
     pub key: String,
 }
@@ -109,13 +112,16 @@ pub struct PodSettings {
     /// pods are BestEffort, the first to go under node pressure (an eviction no webhook sees).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// The pods run only on nodes with these labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
     /// Replaces the default (LOG replicas prefer different nodes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
+    /// Taints the pods tolerate.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<Toleration>,
+    /// How the pods spread over zones or nodes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
     /// TOML merged over the configuration the operator renders for this role; its values win
@@ -123,6 +129,7 @@ pub struct PodSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 65536))]
     pub config: Option<String>,
+    /// Annotations of the pods (e.g. for a service mesh or a scraper).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pod_annotations: BTreeMap<String, String>,
 }
@@ -183,11 +190,13 @@ pub struct S3Storage {
     /// E.g. `https://s3.us-east-1.amazonaws.com` or `http://minio.minio.svc:9000`.
     #[schemars(length(min = 1), regex(pattern = r"^https?://[^\s/]+(/.*)?$"))]
     pub endpoint: String,
+    /// The bucket (it must exist; the operator does not create it).
     #[schemars(length(min = 3, max = 63))]
     pub bucket: String,
     /// Key prefix of every object of this cluster (default: `<namespace>/<cluster>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
+    /// The bucket's region (some S3-compatible stores ignore it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
     /// A Secret with the access key id and secret key. Unset: the pods' own identity
@@ -199,10 +208,13 @@ pub struct S3Storage {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct S3Credentials {
+    /// The Secret's name (in the cluster's namespace).
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
+    /// The Secret's key holding the access key id.
     #[serde(default = "default_access_key_id_key")]
     pub access_key_id_key: String,
+    /// The Secret's key holding the secret access key.
     #[serde(default = "default_secret_access_key_key")]
     pub secret_access_key_key: String,
 }
@@ -219,6 +231,7 @@ fn default_secret_access_key_key() -> String {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct FileSystemStorage {
+    /// An absolute path; each cluster keeps its data under it.
     #[schemars(length(min = 2), regex(pattern = r"^/"))]
     pub path: String,
 }
@@ -246,11 +259,14 @@ impl ServiceType {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SqlServiceSpec {
+    /// The Service's type.
     #[serde(default, rename = "type")]
     pub type_: ServiceType,
+    /// The MySQL-protocol port clients connect to.
     #[serde(default = "default_sql_port")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: i32,
+    /// Annotations of the Service (e.g. a cloud load balancer's settings).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
 }
@@ -347,6 +363,7 @@ pub struct CnGroupSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ProxySpec {
+    /// Proxies in front of the CNs (0: clients reach the CNs through the SQL Service directly).
     #[serde(default = "one")]
     #[schemars(range(min = 0, max = 64))]
     pub replicas: i32,
@@ -387,6 +404,8 @@ pub struct UpgradeSettings {
     #[serde(default = "default_stall")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
     pub stall_timeout: String,
+    /// What a stall does: `Halt` (stop and wait for someone) or `Rollback` (restore the previous
+    /// version, through the same gates).
     #[serde(default)]
     pub on_stall: OnStallSpec,
     /// TN WAL-append tolerance while LOG replicas restart.
@@ -547,8 +566,11 @@ fn default_abandon() -> String {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MatrixOneClusterStatus {
+    /// The spec generation this status was written for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// `Ready`, `Progressing`, `Halted`, `Degraded` and `Draining` (docs/day-2.md says what
+    /// each reason means and what to do).
     #[serde(default)]
     pub conditions: Vec<Condition>,
     /// Per component: versions running and pods ready.
@@ -590,7 +612,9 @@ pub struct LogBootstrap {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ComponentStatus {
+    /// Pods the spec asks for.
     pub replicas: i32,
+    /// Pods Ready.
     pub ready: i32,
     /// Version → pods running it.
     pub versions: BTreeMap<String, i32>,
@@ -599,6 +623,7 @@ pub struct ComponentStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutStatusView {
+    /// The version the rollout upgrades to.
     pub target: String,
     /// `phase log: restart log-1`, `complete`, `halted`, …
     pub step: String,
@@ -610,11 +635,17 @@ pub struct RolloutStatusView {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DrainView {
+    /// The CN pod drained.
     pub pod: String,
+    /// The pod instance the drain is bound to (a new pod of the same name is not it).
     pub pod_uid: String,
+    /// The CN's UUID in HAKeeper.
     pub cn_uuid: String,
+    /// Why: `remove (…)`, `restart on <version>`, `eviction by <source>` or `node <name> failed`.
     pub purpose: String,
+    /// `MarkDraining`, `MigrateSessions`, `HandOver`, `Confirmed`, `Released` or `Cancelling`.
     pub stage: String,
+    /// What the drain waits on now, with the reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_on: Option<String>,
 }

@@ -88,9 +88,15 @@ pub struct Metrics {
     /// Things the core holds back now (a rollout gate, drains waiting for confirmation).
     pub holds: Family<ClusterLabels, Gauge>,
     pub drains: Family<DrainLabels, Gauge>,
+    /// Active drains waiting longer than their cluster's `drain.alarmAfter` (they keep waiting).
+    pub drains_alarmed: Family<ClusterLabels, Gauge>,
     /// Readings of the kernel that failed (uncertainty the core holds on).
     pub kernel_unreachable: Family<ClusterLabels, Counter>,
     pub leader: Gauge,
+    /// Disruption reviews (webhook or preStop hook) refused because this replica is a standby.
+    pub standby_refusals: Counter,
+    /// When the webhook's serving certificate expires (Unix seconds; 0: no webhook).
+    pub webhook_certificate_expiry: Gauge,
     pub reviews: Family<ReviewLabels, Counter>,
     pub review_seconds: Histogram,
     /// From a watch event of a cluster's objects to its reconcile's actions carried out.
@@ -116,6 +122,9 @@ impl Metrics {
         let rollout_halted = Family::<ClusterLabels, Gauge>::default();
         let holds = Family::<ClusterLabels, Gauge>::default();
         let drains = Family::<DrainLabels, Gauge>::default();
+        let drains_alarmed = Family::<ClusterLabels, Gauge>::default();
+        let standby_refusals = Counter::default();
+        let webhook_certificate_expiry = Gauge::default();
         let kernel_unreachable = Family::<ClusterLabels, Counter>::default();
         let leader = Gauge::default();
         let reviews = Family::<ReviewLabels, Counter>::default();
@@ -168,6 +177,21 @@ impl Metrics {
         );
         registry.register("drains", "Drains by stage", drains.clone());
         registry.register(
+            "drains_alarmed",
+            "Active drains waiting past drain.alarmAfter (they keep waiting)",
+            drains_alarmed.clone(),
+        );
+        registry.register(
+            "standby_refusals",
+            "Disruption reviews refused because this replica is a standby (no leader answers them)",
+            standby_refusals.clone(),
+        );
+        registry.register(
+            "webhook_certificate_expiry_timestamp_seconds",
+            "When the webhook's serving certificate expires (Unix seconds)",
+            webhook_certificate_expiry.clone(),
+        );
+        registry.register(
             "kernel_unreachable",
             "Kernel readings that failed (the core holds)",
             kernel_unreachable.clone(),
@@ -186,8 +210,11 @@ impl Metrics {
             rollout_halted,
             holds,
             drains,
+            drains_alarmed,
             kernel_unreachable,
             leader,
+            standby_refusals,
+            webhook_certificate_expiry,
             reviews,
             review_seconds,
             reaction_seconds,

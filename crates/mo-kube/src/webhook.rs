@@ -36,6 +36,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::{Client, ResourceExt};
+use prometheus_client::metrics::counter::Counter;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
@@ -396,6 +397,16 @@ fn certified_key(cert_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>, Web
     Ok(Arc::new(pair))
 }
 
+/// The expiry (Unix seconds) of the first certificate in `pem` (cert-manager's files).
+fn certificate_not_after(pem: &str) -> Result<u64, WebhookError> {
+    let (_, block) = x509_parser::pem::parse_x509_pem(pem.as_bytes())
+        .map_err(|e| WebhookError::Tls(format!("serving certificate PEM: {e}")))?;
+    let cert = block
+        .parse_x509()
+        .map_err(|e| WebhookError::Tls(format!("serving certificate: {e}")))?;
+    Ok(cert.validity().not_after.timestamp().max(0) as u64)
+}
+
 /// The serving certificate, swapped in place when it is re-issued.
 #[derive(Debug)]
 pub struct RotatingCert(RwLock<Arc<CertifiedKey>>);
@@ -421,6 +432,8 @@ struct TlsState {
     source: RwLock<String>,
     /// When the serving certificate must be re-issued.
     renew_at: RwLock<u64>,
+    /// When the serving certificate expires (Unix seconds).
+    not_after: RwLock<u64>,
     /// When the CA Secret (or the files) are read again.
     next_check: RwLock<u64>,
 }
@@ -428,14 +441,26 @@ struct TlsState {
 /// How often the CA Secret (or cert-manager's files) are read again.
 const CHECK_EVERY: u64 = 60;
 
-/// The serving material now: (cert, key, bundle, what it was made from, renew at). A
-/// self-managed certificate is issued only when `reissue` says so or its signer changed.
+/// The serving material: what is served and published, and when it is renewed and expires.
+struct Material {
+    cert: String,
+    key: String,
+    /// The caBundle to publish (None: injected by cert-manager).
+    bundle: Option<String>,
+    /// What the serving certificate was made from.
+    source: String,
+    renew_at: u64,
+    not_after: u64,
+}
+
+/// The serving material now. A self-managed certificate is issued only when `reissue` says so
+/// or its signer changed.
 async fn current_material(
     client: &Client,
     settings: &WebhookSettings,
     previous_source: Option<&str>,
     reissue: bool,
-) -> Result<Option<(String, String, Option<String>, String, u64)>, WebhookError> {
+) -> Result<Option<Material>, WebhookError> {
     let now = unix_now();
     match &settings.tls {
         TlsSource::SelfManaged { namespace, secret } => {
@@ -449,7 +474,14 @@ async fn current_material(
             let renew_at = not_after
                 .saturating_sub(SERVING_RENEW_BEFORE)
                 .min(switch_at.unwrap_or(u64::MAX));
-            Ok(Some((cert, key, Some(ca.bundle()), source, renew_at)))
+            Ok(Some(Material {
+                cert,
+                key,
+                bundle: Some(ca.bundle()),
+                source,
+                renew_at,
+                not_after,
+            }))
         }
         TlsSource::Files { dir, .. } => {
             let read = |f: &str| {
@@ -463,7 +495,15 @@ async fn current_material(
             if previous_source == Some(source.as_str()) {
                 return Ok(None);
             }
-            Ok(Some((cert, key, ca, source, u64::MAX)))
+            let not_after = certificate_not_after(&cert)?;
+            Ok(Some(Material {
+                cert,
+                key,
+                bundle: ca,
+                source,
+                renew_at: u64::MAX,
+                not_after,
+            }))
         }
     }
 }
@@ -606,16 +646,20 @@ pub struct Webhook {
     context: OnceLock<Arc<Context>>,
     operator_user: String,
     tls: TlsState,
+    /// Reviews refused while this replica does not lead.
+    standby_refusals: Counter,
 }
 
 impl Webhook {
-    /// Loads (or creates) the certificates; `operator_user` is this operator's own identity.
+    /// Loads (or creates) the certificates; `operator_user` is this operator's own identity;
+    /// `standby_refusals` counts the reviews refused while this replica does not lead.
     pub async fn new(
         client: &Client,
         settings: WebhookSettings,
         operator_user: String,
+        standby_refusals: Counter,
     ) -> Result<Arc<Webhook>, WebhookError> {
-        let (cert, key, bundle, source, renew_at) = current_material(client, &settings, None, true)
+        let m = current_material(client, &settings, None, true)
             .await?
             .expect("issued on request");
         Ok(Arc::new(Webhook {
@@ -623,13 +667,20 @@ impl Webhook {
             context: OnceLock::new(),
             operator_user,
             tls: TlsState {
-                cert: Arc::new(RotatingCert(RwLock::new(certified_key(&cert, &key)?))),
-                bundle: RwLock::new(bundle),
-                source: RwLock::new(source),
-                renew_at: RwLock::new(renew_at),
+                cert: Arc::new(RotatingCert(RwLock::new(certified_key(&m.cert, &m.key)?))),
+                bundle: RwLock::new(m.bundle),
+                source: RwLock::new(m.source),
+                renew_at: RwLock::new(m.renew_at),
+                not_after: RwLock::new(m.not_after),
                 next_check: RwLock::new(unix_now() + CHECK_EVERY),
             },
+            standby_refusals,
         }))
+    }
+
+    /// When the certificate served now expires (Unix seconds).
+    pub fn serving_not_after(&self) -> u64 {
+        *self.tls.not_after.read().expect("lock")
     }
 
     /// From now on this replica answers reviews (it leads).
@@ -659,17 +710,17 @@ impl Webhook {
         *self.tls.next_check.write().expect("lock") = now + CHECK_EVERY;
         let reissue = now >= *self.tls.renew_at.read().expect("lock");
         let source = self.tls.source.read().expect("lock").clone();
-        let Some((cert, key, bundle, source, renew_at)) =
-            current_material(client, &self.settings, Some(&source), reissue).await?
+        let Some(m) = current_material(client, &self.settings, Some(&source), reissue).await?
         else {
             return Ok(false);
         };
         // Checked before anything is swapped: a bad pair keeps the current one in service.
-        let pair = certified_key(&cert, &key)?;
+        let pair = certified_key(&m.cert, &m.key)?;
         self.tls.cert.set(pair);
-        *self.tls.source.write().expect("lock") = source;
-        *self.tls.renew_at.write().expect("lock") = renew_at;
-        *self.tls.bundle.write().expect("lock") = bundle;
+        *self.tls.source.write().expect("lock") = m.source;
+        *self.tls.renew_at.write().expect("lock") = m.renew_at;
+        *self.tls.not_after.write().expect("lock") = m.not_after;
+        *self.tls.bundle.write().expect("lock") = m.bundle;
         tracing::info!("webhook serving certificate renewed");
         Ok(true)
     }
@@ -711,9 +762,10 @@ impl Webhook {
 
     /// The leader's context, or the reason this replica cannot answer.
     pub fn context(&self) -> Result<&Arc<Context>, Review> {
-        self.context.get().ok_or(Review::deny(
-            "this operator replica is a standby, not the leader: retry",
-        ))
+        self.context.get().ok_or_else(|| {
+            self.standby_refusals.inc();
+            Review::deny("this operator replica is a standby, not the leader: retry")
+        })
     }
 }
 
@@ -889,6 +941,9 @@ mod tests {
         )
         .expect("issued");
         assert_eq!(not_after, now + SERVING_LIFETIME);
+        // The expiry read back from the PEM (how cert-manager's files are judged) is the same.
+        assert_eq!(certificate_not_after(&cert).expect("parsed"), not_after);
+        assert!(certificate_not_after("not a certificate").is_err());
         certified_key(&cert, &key).expect("rustls accepts it");
         // Verified the way the API server does: against the CA bundle.
         let mut roots = rustls::RootCertStore::empty();

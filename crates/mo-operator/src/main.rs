@@ -1,6 +1,8 @@
 //! `mo-operator`: the MatrixOne operator. Without a cluster it runs on the embedded simulator.
 
 mod campaign;
+mod cluster_status;
+mod crd_docs;
 mod embedded;
 mod hook;
 mod html;
@@ -80,8 +82,14 @@ enum Command {
     Campaign(campaign::Args),
     /// Run the operator against a Kubernetes cluster (in-cluster config or KUBECONFIG).
     Run(Box<operate::Args>),
+    /// Show one cluster as the operator sees it: rollout step and gate, each drain and what it
+    /// waits on, disruption budgets, per-pod version, readiness and autoscaler hints, events.
+    Status(cluster_status::Args),
     /// Print the MatrixOneCluster CustomResourceDefinition (YAML).
     Crds,
+    /// Print the MatrixOneCluster reference (Markdown): every field, its default, its
+    /// validation (docs/crd-reference.md is this output).
+    CrdDocs,
     /// Print every object the operator creates for a cluster (like `helm template`).
     Render(render::Args),
     /// Attach the simulated MatrixOne data plane to a Kubernetes API server: play kubelet for
@@ -136,6 +144,16 @@ fn main() -> Result<()> {
             .build()?
             .block_on(hook::run(args)),
         Command::Render(args) => render::run(&args),
+        Command::Status(args) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(cluster_status::run(args)),
+        Command::CrdDocs => {
+            use kube::CustomResourceExt;
+            let crd = serde_json::to_value(mo_kube::crd::MatrixOneCluster::crd())?;
+            print!("{}", crd_docs::reference(&crd));
+            Ok(())
+        }
         Command::Crds => {
             use kube::CustomResourceExt;
             print!(

@@ -150,6 +150,7 @@ async fn drain_hook(
     Json(request): Json<HookRequest>,
 ) -> Json<HookAnswer> {
     let Some(ctx) = h.context.get() else {
+        h.metrics.standby_refusals.inc();
         return Json(HookAnswer {
             allowed: false,
             reason: "this operator replica is a standby, not the leader: retry".into(),
@@ -249,7 +250,12 @@ async fn own_username(client: &kube::Client) -> Result<String> {
 
 /// The leader keeps the webhook configuration in step with the clusters' namespaces and the
 /// CA bundle; every replica renews its serving certificate.
-async fn keep_webhook(webhook: Arc<Webhook>, client: kube::Client, leading: Arc<AtomicBool>) {
+async fn keep_webhook(
+    webhook: Arc<Webhook>,
+    client: kube::Client,
+    leading: Arc<AtomicBool>,
+    metrics: Arc<Metrics>,
+) {
     use mo_kube::crd::MatrixOneCluster;
     let mut applied: Option<(Vec<String>, std::time::Instant)> = None;
     loop {
@@ -260,6 +266,9 @@ async fn keep_webhook(webhook: Arc<Webhook>, client: kube::Client, leading: Arc<
                 false
             }
         };
+        metrics
+            .webhook_certificate_expiry
+            .set(i64::try_from(webhook.serving_not_after()).unwrap_or(i64::MAX));
         if leading.load(Ordering::Relaxed) {
             let namespaces = match webhook.namespace_scope() {
                 Some(ns) => Ok(vec![ns.to_string()]),
@@ -375,7 +384,7 @@ pub async fn run(args: Args) -> Result<()> {
             let settings = webhook_settings(&args)?;
             let user = own_username(&client).await?;
             tracing::info!(%user, "the operator's own identity (its deletes are not reviewed)");
-            let webhook = Webhook::new(&client, settings, user)
+            let webhook = Webhook::new(&client, settings, user, metrics.standby_refusals.clone())
                 .await
                 .context("setting up the webhook certificates")?;
             let config = webhook.server_config()?;
@@ -391,6 +400,7 @@ pub async fn run(args: Args) -> Result<()> {
                 webhook.clone(),
                 client.clone(),
                 leading.clone(),
+                metrics.clone(),
             ));
             Some(webhook)
         }

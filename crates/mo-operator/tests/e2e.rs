@@ -69,7 +69,8 @@ async fn a_bad_spec_is_refused_by_the_api_server_naming_the_field() {
 #[tokio::test]
 async fn a_cluster_becomes_ready_scales_out_and_in_through_the_drain_arbiter_and_is_cleaned_up() {
     let t = TestNs::new("e2e-lifecycle").await;
-    let _operator = t.operator_with_deployed_rbac("op-a");
+    // Installed from the Helm chart: its RBAC, ServiceAccount and the Deployment's arguments.
+    let _operator = t.operator_from_chart("op-a");
     t.create("mo", small_cluster("v1")).await.expect("create");
     t.wait_ready("mo", READY_LIMIT).await;
     assert_eq!(
@@ -128,6 +129,33 @@ async fn a_cluster_becomes_ready_scales_out_and_in_through_the_drain_arbiter_and
         .then_some(())
     })
     .await;
+    // `mo-operator status`: budgets and hints per pod, in full.
+    let status = operator_status(&t, "mo");
+    for needle in [
+        "Ready        True   AllComponentsReady",
+        "mo-cn ",
+        "disruptions allowed 0",
+        // Creation is the first rollout; done, it waits on nothing.
+        "step    complete\n  waiting on nothing",
+        "Drains\n  none",
+    ] {
+        assert!(status.contains(needle), "`{needle}` in:\n{status}");
+    }
+    for pod in ["mo-log-0", "mo-tn-0", "mo-tp-0", "mo-tp-1", "mo-proxy-0"] {
+        let row = status
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{pod} ")))
+            .unwrap_or_else(|| panic!("{pod} row in:\n{status}"));
+        assert!(row.contains(" yes "), "{pod} ready: {row}");
+    }
+    let cn_row = status
+        .lines()
+        .find(|l| l.trim_start().starts_with("mo-tp-0 "))
+        .expect("row");
+    assert!(
+        cn_row.contains("kept"),
+        "a CN is pinned for autoscalers: {cn_row}"
+    );
     // Printer columns.
     let out = t.kubectl(&["get", "moc", "-n", &t.ns]);
     let table = String::from_utf8_lossy(&out.stdout);
@@ -164,12 +192,28 @@ async fn a_cluster_becomes_ready_scales_out_and_in_through_the_drain_arbiter_and
     )
     .await;
     let mut stages = BTreeSet::new();
+    let mut drain_shown = false;
     let start = std::time::Instant::now();
     loop {
         if let Some(s) = t.cluster("mo").await.status {
             for d in s.drains.iter().filter(|d| d.pod == "mo-tp-2") {
                 assert_eq!(Some(&d.pod_uid), old_uid.as_ref(), "bound to the instance");
                 stages.insert(d.stage.clone());
+            }
+            if !drain_shown && s.drains.iter().any(|d| d.pod == "mo-tp-2") {
+                // The drain, its instance and what it waits on, as `status` shows them.
+                let status = operator_status(&t, "mo");
+                if let Some(line) = status
+                    .lines()
+                    .find(|l| l.trim_start().starts_with("mo-tp-2 (pod uid"))
+                {
+                    assert!(
+                        line.contains(old_uid.as_deref().expect("uid")) && line.contains("stage "),
+                        "{line}"
+                    );
+                    assert!(status.contains("waiting on: "), "{status}");
+                    drain_shown = true;
+                }
             }
         }
         if t.pods().get_opt("mo-tp-2").await.expect("get").is_none() {
@@ -185,6 +229,7 @@ async fn a_cluster_becomes_ready_scales_out_and_in_through_the_drain_arbiter_and
         stages.contains("HandOver") || stages.contains("Confirmed"),
         "the removal went through the arbiter: {stages:?}"
     );
+    assert!(drain_shown, "`mo-operator status` showed the drain");
     t.wait_ready("mo", READY_LIMIT).await;
     let events = t.kubectl(&["get", "events", "-n", &t.ns, "-o", "json"]);
     let events = String::from_utf8_lossy(&events.stdout);
@@ -213,6 +258,21 @@ async fn a_cluster_becomes_ready_scales_out_and_in_through_the_drain_arbiter_and
         (gone_cluster && left == 0).then_some(())
     })
     .await;
+}
+
+/// `mo-operator status <cluster> -n <ns>` against the test control plane.
+fn operator_status(t: &TestNs, cluster: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mo-operator"))
+        .args(["status", cluster, "-n", &t.ns])
+        .env("KUBECONFIG", t.kubeconfig())
+        .output()
+        .expect("mo-operator status runs");
+    assert!(
+        out.status.success(),
+        "mo-operator status: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
 }
 
 /// Pod name → every UID seen for it, while `until` has not happened.

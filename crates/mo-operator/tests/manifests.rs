@@ -25,6 +25,17 @@ fn the_committed_crd_is_the_generated_one() {
     );
 }
 
+#[test]
+fn the_committed_crd_reference_is_the_generated_one() {
+    let out = Command::new(BIN).arg("crd-docs").output().expect("runs");
+    assert!(out.status.success());
+    assert_eq!(
+        repo_file("docs/crd-reference.md"),
+        String::from_utf8(out.stdout).expect("utf-8"),
+        "regenerate with: cargo run -p mo-operator -- crd-docs > docs/crd-reference.md"
+    );
+}
+
 fn rules(text: &str) -> String {
     // The ClusterRole's rules: from its `rules:` line to the next document.
     let start = text.find("kind: ClusterRole\n").expect("a ClusterRole");

@@ -263,6 +263,19 @@ pub fn morpc_interop() -> Result<PathBuf, TestEnvError> {
         .map_err(TestEnvError::Build)
 }
 
+/// `helm` (v3, from the Go module proxy, `tools/helm/build.sh`), built and cached on first use
+/// unless `MO_HELM_BIN` names it.
+pub fn helm() -> Result<PathBuf, TestEnvError> {
+    if let Some(bin) = std::env::var_os("MO_HELM_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| build_script("tools/helm/build.sh", &[]).map_err(|e| e.to_string()))
+        .clone()
+        .map_err(TestEnvError::Build)
+}
+
 /// The MatrixOne versions the real-kernel tests run, oldest first.
 pub const KERNEL_VERSIONS: [&str; 2] = ["v1.2.3", "v1.2.4"];
 

@@ -318,7 +318,86 @@ impl TestNs {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let out = self.kubectl(&["create", "token", &sa, "-n", &self.ns, "--duration=2h"]);
+        self.operator_as(&sa, identity, Vec::new())
+    }
+
+    /// Installs the Helm chart (`charts/mo-operator`) into this namespace, with no operator
+    /// pod (this control plane runs no containers), and starts an operator process as the
+    /// chart's ServiceAccount with the arguments of the chart's Deployment (only the addresses
+    /// and the test's timings replaced): the chart is what runs.
+    pub fn operator_from_chart(&self, identity: &str) -> Operator {
+        let release = format!("mo-operator-{}", self.ns);
+        let helm = mo_testenv::helm().expect("helm");
+        let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/../../charts/mo-operator");
+        let out = Command::new(&helm)
+            .args([
+                "upgrade",
+                "--install",
+                &release,
+                chart,
+                "--namespace",
+                &self.ns,
+            ])
+            .args([
+                "--set",
+                "replicas=0",
+                "--set",
+                "image.repository=mo-operator",
+            ])
+            .args(["--set", "image.tag=e2e"])
+            .args([
+                "--set",
+                &format!("protectPodDeletes={}", self.protect_deletes),
+            ])
+            .env("KUBECONFIG", self.shared.plane.kubeconfig())
+            .output()
+            .expect("helm runs");
+        assert!(
+            out.status.success(),
+            "helm install: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = self.kubectl(&["get", "deployment", &release, "-n", &self.ns, "-o", "json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let deployment: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+        // What the test sets itself (addresses on this machine, short timings).
+        const REPLACED: [&str; 6] = [
+            "--tick=",
+            "--lease-duration=",
+            "--watch-namespace=",
+            "--webhook-listen=",
+            "--webhook-service=",
+            "--drain-hook-endpoint=",
+        ];
+        let mut chart_args: Vec<String> = container["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| a.as_str().expect("string arg").to_string())
+            .filter(|a| a != "run" && !REPLACED.iter().any(|r| a.starts_with(r)))
+            .collect();
+        let image = container["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .find(|e| e["name"] == "MO_OPERATOR_IMAGE")
+            .and_then(|e| e["value"].as_str())
+            .expect("MO_OPERATOR_IMAGE")
+            .to_string();
+        chart_args.push(format!("--drain-hook-image={image}"));
+        self.operator_as(&release, identity, chart_args)
+    }
+
+    /// An operator authenticating with a token of ServiceAccount `sa` (this namespace), with
+    /// the webhooks and the CN preStop hook served on this machine.
+    fn operator_as(&self, sa: &str, identity: &str, mut args: Vec<String>) -> Operator {
+        let out = self.kubectl(&["create", "token", sa, "-n", &self.ns, "--duration=2h"]);
         assert!(
             out.status.success(),
             "{}",
@@ -352,17 +431,27 @@ impl TestNs {
             format!("https://127.0.0.1:{webhook_port}"),
             "--webhook-hosts".into(),
             "127.0.0.1".into(),
-            "--webhook-configuration".into(),
-            sa.clone(),
-            "--webhook-ca-secret".into(),
-            format!("{}/mo-operator-webhook-ca", self.ns),
             "--drain-hook-endpoint".into(),
             hook_endpoints,
-            "--drain-hook-image".into(),
-            "mo-operator:e2e".into(),
-            format!("--protect-pod-deletes={}", self.protect_deletes),
         ];
-        self.spawn(identity, &path, "250ms", &extra)
+        if args.is_empty() {
+            args = vec![
+                "--webhook-configuration".into(),
+                sa.to_string(),
+                "--webhook-ca-secret".into(),
+                format!("{}/mo-operator-webhook-ca", self.ns),
+                "--drain-hook-image".into(),
+                "mo-operator:e2e".into(),
+                format!("--protect-pod-deletes={}", self.protect_deletes),
+            ];
+        }
+        args.extend(extra);
+        self.spawn(identity, &path, "250ms", &args)
+    }
+
+    /// The test control plane's admin kubeconfig.
+    pub fn kubeconfig(&self) -> &std::path::Path {
+        self.shared.plane.kubeconfig()
     }
 
     pub fn operator(&self, identity: &str) -> Operator {
