@@ -125,6 +125,12 @@ pub struct Drain {
     pub release_sent_at: Option<Millis>,
     pub last_eviction_at: Option<Millis>,
     pub cancel_requested: bool,
+    /// A restart handshake was sent to this container's process: it may refuse new writes for
+    /// good, so it is restarted, never returned to Working. Kept when HAKeeper re-registers the
+    /// CN under a new epoch (its record expired: same process), dropped only with the
+    /// container.
+    #[serde(default)]
+    pub process_marked: bool,
     /// When the extension's `CancelDrain` was last sent (it counts only once the allocator
     /// reports the drain cancelled).
     #[serde(default)]
@@ -189,6 +195,7 @@ impl Drain {
             release_sent_at: None,
             last_eviction_at: Some(now),
             cancel_requested: false,
+            process_marked: false,
             cancel_sent_at: None,
             end: None,
             hold: None,
@@ -289,7 +296,9 @@ impl Drain {
                     // A timeout may have been applied: the allocator's answers tell. Any other
                     // error was not: ask again on the next step.
                     if !matches!(e, ActionError::Timeout(_)) {
+                        // Resent only while the allocator showed no mark: none reached it.
                         self.handshake_sent_at = None;
+                        self.process_marked = false;
                     }
                     self.handshake_acked_at = None;
                     self.hold(format!("SetRestartService failed: {e}"));
@@ -439,6 +448,8 @@ impl Drain {
             Some(old) if old != instance => {
                 self.instance = Some(instance);
                 self.start_epoch = Some(record.start_epoch);
+                // A new container is a new process: no handshake reached it.
+                self.process_marked = false;
                 self.restart_on_new_instance(
                     now,
                     format!(
@@ -477,7 +488,8 @@ impl Drain {
         // marked refuses every new write transaction for good (measured on v1.2.4: 20635 "new
         // txn in CN rolling restart"). Such a CN finishes its drain and is restarted, never
         // returned to service.
-        let irrevocable = self.handshake_sent_at.is_some() && self.kernel_drain_id.is_none();
+        let irrevocable = (self.handshake_sent_at.is_some() && self.kernel_drain_id.is_none())
+            || self.process_marked;
         if self.cancel_requested
             && irrevocable
             && !matches!(self.purpose, DrainPurpose::Restart { .. })
@@ -767,6 +779,7 @@ impl Drain {
             actions.push(Action::SetRestartService {
                 uuid: self.cn_uuid.clone(),
             });
+            self.process_marked = true;
             self.handshake_sent_at = Some(now);
             self.handshake_acked_at = None;
             self.handshake_allocator = Some(serving);
@@ -1810,6 +1823,51 @@ mod tests {
             "{a:?}"
         );
         assert!(matches!(d.purpose, DrainPurpose::Restart { .. }));
+    }
+
+    /// HAKeeper lost the CN's record (an outage longer than the CN's expiry) after the hand-over
+    /// was requested; the same process re-registers under a new epoch. The confirmation is
+    /// void, but the process still refuses new writes: abandoned, it is restarted, never set
+    /// Working (found by `campaign --seeds 10000`, seed 9164: 20635 on every new transaction).
+    #[test]
+    fn a_marked_cn_re_registered_under_a_new_epoch_is_restarted_not_returned_to_work() {
+        let mut d = Drain::new(
+            "cn-1",
+            "uid-1",
+            "u1",
+            DrainPurpose::Evict {
+                source: "cluster-autoscaler".into(),
+            },
+            Millis(0),
+        );
+        to_handover(&mut d);
+        let mut o = obs(5_000);
+        draining(&mut o);
+        let mut a = vec![];
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        // The record expired and came back: new epoch, Working, same container.
+        let record = &mut o.hakeeper.as_mut().unwrap().cns[0];
+        record.start_epoch += 1;
+        record.work_state = WorkState::Working;
+        o.now = Millis(200_000);
+        a.clear();
+        d.step(&o, &TIMING, Ok(()), &mut a);
+        assert!(
+            !a.iter().any(|x| matches!(
+                x,
+                Action::SetCnWorkState {
+                    state: WorkState::Working,
+                    ..
+                }
+            )),
+            "{a:?}"
+        );
+        assert_ne!(d.stage, DrainStage::Cancelling);
+        assert!(
+            matches!(d.purpose, DrainPurpose::Restart { .. }),
+            "{:?}",
+            d.purpose
+        );
     }
 
     /// Withdrawn before any hand-over was requested, an eviction drain goes back to work.

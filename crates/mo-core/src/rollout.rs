@@ -60,6 +60,23 @@ pub enum Step {
 }
 
 impl Step {
+    /// Restarted and verified healthy: holding for its stability window. Such a pod serves
+    /// again; it no longer counts as out of service, only as not yet proven.
+    fn in_window(&self) -> bool {
+        matches!(
+            self,
+            Step::Verify {
+                healthy_since: Some(_),
+                ..
+            }
+        )
+    }
+
+    /// Restarted (or restarting) and not yet through its stability window.
+    fn restarted(&self) -> bool {
+        matches!(self, Step::Restart { .. } | Step::Verify { .. })
+    }
+
     /// The pod this step works on (none between pods and while the phase settles).
     pub fn pod(&self) -> Option<&str> {
         match self {
@@ -96,6 +113,18 @@ impl Lane {
             hold: None,
         }
     }
+}
+
+/// What the other lanes of the phase hold, as one lane's step sees it.
+struct OtherLanes {
+    /// Their pods (none is picked twice).
+    claimed: Vec<String>,
+    /// Their pods out of service: draining, restarting or not yet healthy (a pod held for its
+    /// stability window serves again).
+    unavailable: Vec<String>,
+    /// Their pods restarted and not yet through the stability window: a further restart
+    /// waits while these fill the phase's width.
+    restarted: Vec<String>,
 }
 
 /// How many pods of a CN or proxy phase may be restarting at once: a count, or a percentage of
@@ -468,26 +497,38 @@ impl Rollout {
         let mut lanes: Vec<Lane> = std::iter::once(first)
             .chain(std::mem::take(&mut self.more))
             .collect();
+        // CN and proxy phases prepare the next pod (sessions moved off a CN, a proxy out of
+        // its Service with its clients leaving) while restarted pods hold for their stability
+        // window: those pods serve again. What cannot be taken back (a CN's hand-over, a
+        // restart) still waits until fewer than `width` pods are restarted and unproven.
+        let overlaps = matches!(component, Component::Cn | Component::Proxy);
         let mut i = 0;
         loop {
             if i == lanes.len() {
                 let all_busy = lanes.iter().all(|l| l.step.pod().is_some());
-                if lanes.len() >= width || !all_busy {
+                let room = if overlaps {
+                    out_of_service(&lanes) < width && lanes.len() < 2 * width
+                } else {
+                    lanes.len() < width
+                };
+                if !room || !all_busy {
                     break;
                 }
                 lanes.push(Lane::idle());
             }
-            let claimed: Vec<String> = lanes
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .filter_map(|(_, l)| l.step.pod().map(str::to_string))
-                .collect();
+            let others = other_lanes(&lanes, i);
             self.step = lanes[i].step.clone();
             self.absent_since = lanes[i].absent_since;
             self.healthy_seen = lanes[i].healthy_seen;
             self.hold = None;
-            self.step_lane(obs, timing, component, &claimed, drains, actions, report);
+            let progress_before = self.last_progress;
+            self.step_lane(obs, timing, component, &others, drains, actions, report);
+            if i >= width {
+                // A lane beyond the width only prepares (it may be taken back): its moves do
+                // not reset the stall clock, or a gate that flaps in its window would never
+                // halt the rollout.
+                self.last_progress = progress_before;
+            }
             lanes[i] = Lane {
                 step: self.step.clone(),
                 absent_since: self.absent_since,
@@ -509,6 +550,9 @@ impl Rollout {
         if lanes.iter().any(|l| l.step.pod().is_some()) {
             lanes.retain(|l| l.step.pod().is_some());
         }
+        if overlaps && self.status == RolloutStatus::Running {
+            self.take_back_preparations(width, &mut lanes, drains, actions);
+        }
         let holds: Vec<String> = lanes.iter().filter_map(|l| l.hold.clone()).collect();
         let mut lanes = lanes.into_iter();
         let first = lanes.next().expect("one lane at least");
@@ -519,14 +563,14 @@ impl Rollout {
         self.hold = (!holds.is_empty()).then(|| holds.join("; "));
     }
 
-    /// One lane's step: the pod it works on, or the next pod no other lane (`claimed`) has.
+    /// One lane's step: the pod it works on, or the next pod no other lane has.
     #[allow(clippy::too_many_arguments)]
     fn step_lane(
         &mut self,
         obs: &Observation,
         timing: &RolloutTiming,
         component: Component,
-        claimed: &[String],
+        others: &OtherLanes,
         drains: &mut Vec<Drain>,
         actions: &mut Vec<Action>,
         report: &mut StepReport,
@@ -548,7 +592,7 @@ impl Rollout {
                 self.progress(now, Step::NextPod);
             }
             Step::NextPod => {
-                self.next_pod(obs, component, &version, claimed, drains, actions, report)
+                self.next_pod(obs, component, &version, others, drains, actions, report)
             }
             Step::MoveLeadership { pod, uid, sent_at } => {
                 if let Err(e) = gates::log_restart_margin(obs, &pod) {
@@ -614,7 +658,7 @@ impl Rollout {
                 obs,
                 timing,
                 (&pod, &uid),
-                claimed,
+                others,
                 since,
                 sent_at,
                 &version,
@@ -747,7 +791,7 @@ impl Rollout {
         obs: &Observation,
         component: Component,
         version: &str,
-        claimed: &[String],
+        others: &OtherLanes,
         drains: &mut Vec<Drain>,
         actions: &mut Vec<Action>,
         report: &mut StepReport,
@@ -755,7 +799,7 @@ impl Rollout {
         let now = obs.now;
         let mut pods: Vec<&PodObservation> = obs
             .pods_of(component)
-            .filter(|p| !claimed.contains(&p.name))
+            .filter(|p| !others.claimed.contains(&p.name))
             .collect();
         pods.sort_by(|a, b| a.name.cmp(&b.name));
         // Pods other lanes restart are the phase's own unavailability (within its width);
@@ -786,7 +830,7 @@ impl Rollout {
             .min_by_key(|p| leads(p))
             .copied()
         else {
-            if !claimed.is_empty() {
+            if !others.claimed.is_empty() {
                 // Every pod left is in another lane: this one has nothing to do.
                 return;
             }
@@ -842,13 +886,16 @@ impl Rollout {
                     .iter()
                     .filter(|d| d.is_active() && d.stage < DrainStage::Released)
                     .map(|d| d.pod.clone())
-                    .chain(claimed.iter().cloned())
+                    .chain(others.unavailable.iter().cloned())
                     .collect();
                 gates::other_working_cn_excluding(obs, &pod.name, &draining)
             }
             Component::Proxy => {
                 if obs.pods_of(Component::Proxy).count() > 1 {
-                    gates::other_proxy_routes_excluding(obs, &without(claimed, &pod.name))
+                    gates::other_proxy_routes_excluding(
+                        obs,
+                        &without(&others.unavailable, &pod.name),
+                    )
                 } else {
                     Ok(())
                 }
@@ -979,7 +1026,7 @@ impl Rollout {
         obs: &Observation,
         timing: &RolloutTiming,
         (pod, uid): (&str, &str),
-        claimed: &[String],
+        others: &OtherLanes,
         since: Millis,
         sent_at: Millis,
         version: &str,
@@ -992,7 +1039,8 @@ impl Rollout {
             self.progress(now, Step::NextPod);
             return;
         };
-        if let Err(e) = gates::other_proxy_routes_excluding(obs, &without(claimed, pod)) {
+        if let Err(e) = gates::other_proxy_routes_excluding(obs, &without(&others.unavailable, pod))
+        {
             actions.push(Action::SetProxyServing {
                 pod: pod.to_string(),
                 uid: uid.to_string(),
@@ -1027,6 +1075,16 @@ impl Rollout {
         }
         let left = match obs.proxy_connections.get(pod) {
             Some(Ok(0)) => {
+                let width =
+                    timing.parallelism(Component::Proxy, obs.pods_of(Component::Proxy).count());
+                if others.restarted.len() >= width {
+                    // Its clients are gone (it stays out of its Service); the restart waits.
+                    self.wait(format!(
+                        "{pod} has no client left; its restart waits until {} held for the stability window",
+                        others.restarted.join(", ")
+                    ));
+                    return;
+                }
                 self.restart(obs, pod, uid, None, version, actions);
                 return;
             }
@@ -1047,6 +1105,86 @@ impl Rollout {
             return;
         }
         self.wait(format!("{left}; waiting for its clients to leave"));
+    }
+
+    /// A pod held for its window that fails its gate again is out of service once more: the
+    /// pods being prepared beyond the phase's width go back to service, newest first (a CN's
+    /// drain is cancelled, a proxy returns to its Service). A requested hand-over cannot be
+    /// taken back; that CN finishes its drain.
+    fn take_back_preparations(
+        &mut self,
+        width: usize,
+        lanes: &mut Vec<Lane>,
+        drains: &mut [Drain],
+        actions: &mut Vec<Action>,
+    ) {
+        while out_of_service(lanes) > width {
+            let reversible = |lane: &Lane| match &lane.step {
+                Step::DrainCn { pod, uid } => drains.iter().any(|d| {
+                    d.is_active()
+                        && d.pod == *pod
+                        && d.pod_uid == *uid
+                        && d.stage < DrainStage::Released
+                        && !d.hand_over_requested()
+                }),
+                Step::DrainProxy { .. } => true,
+                _ => false,
+            };
+            let Some(k) = lanes.iter().rposition(reversible) else {
+                return;
+            };
+            let lane = lanes.remove(k);
+            let why = format!(
+                "a restarted pod of the phase failed its gate during its stability window; {} goes back to service",
+                lane.step.pod().unwrap_or_default()
+            );
+            match lane.step {
+                Step::DrainCn { pod, uid } => {
+                    for d in drains
+                        .iter_mut()
+                        .filter(|d| d.is_active() && d.pod == pod && d.pod_uid == uid)
+                    {
+                        d.cancel_requested = true;
+                    }
+                }
+                Step::DrainProxy { pod, uid, .. } => actions.push(Action::SetProxyServing {
+                    pod,
+                    uid,
+                    serving: true,
+                }),
+                _ => unreachable!("only reversible lanes are taken back"),
+            }
+            if let Some(first) = lanes.first_mut() {
+                first.hold = Some(match first.hold.take() {
+                    Some(h) => format!("{h}; {why}"),
+                    None => why,
+                });
+            }
+        }
+    }
+
+    /// Whether a CN drained for this rollout may hand its lock tables over now: the hand-over
+    /// cannot be taken back, so it waits while restarted pods not yet through their stability
+    /// window fill the phase's width (its sessions may move off meanwhile).
+    pub fn hand_over_gate(&self, obs: &Observation, timing: &RolloutTiming, pod: &str) -> Gate {
+        if self.status != RolloutStatus::Running || self.component() != Some(Component::Cn) {
+            return Ok(());
+        }
+        let width = timing.parallelism(Component::Cn, obs.pods_of(Component::Cn).count());
+        let restarted: Vec<&str> = std::iter::once(&self.step)
+            .chain(self.more.iter().map(|l| &l.step))
+            .filter(|s| s.restarted())
+            .filter_map(Step::pod)
+            .filter(|p| *p != pod)
+            .collect();
+        if restarted.len() >= width {
+            Err(format!(
+                "{} restarted and not yet held for the stability window",
+                restarted.join(", ")
+            ))
+        } else {
+            Ok(())
+        }
     }
 
     fn finish_phase(
@@ -1143,6 +1281,36 @@ impl Rollout {
                 self.pre_pull_sent.insert(node.to_string(), obs.now);
             }
         }
+    }
+}
+
+/// Lanes whose pod is out of service: working on it, and not yet held healthy for the window.
+fn out_of_service(lanes: &[Lane]) -> usize {
+    lanes
+        .iter()
+        .filter(|l| l.step.pod().is_some() && !l.step.in_window())
+        .count()
+}
+
+/// What the lanes other than `me` hold.
+fn other_lanes(lanes: &[Lane], me: usize) -> OtherLanes {
+    let others = || {
+        lanes
+            .iter()
+            .enumerate()
+            .filter(move |(j, _)| *j != me)
+            .map(|(_, l)| &l.step)
+    };
+    let pods = |keep: fn(&Step) -> bool| {
+        others()
+            .filter(|s| keep(s))
+            .filter_map(|s| s.pod().map(str::to_string))
+            .collect()
+    };
+    OtherLanes {
+        claimed: pods(|_| true),
+        unavailable: pods(|s| !s.in_window()),
+        restarted: pods(Step::restarted),
     }
 }
 

@@ -481,6 +481,7 @@ impl Policy for SafePolicy {
             }
         }
         let timing = self.config.drain_timing();
+        let rollout_timing = self.config.rollout_timing();
         let mut released = Vec::new();
         // CNs already draining (marked, or about to be this tick) do not count as a place for
         // sessions to go: two drains never strand the workload together.
@@ -513,7 +514,15 @@ impl Policy for SafePolicy {
                     "{other} is handing its lock tables over first (two hand-overs at once can wait on each other's tables for good)"
                 )),
                 None => Ok(()),
-            };
+            }
+            .and_then(|()| match (&d.purpose, self.record.rollout.as_ref()) {
+                // A CN drained for the rollout may be drained while restarted CNs hold for
+                // their window; its hand-over (no way back) waits for the rollout's room.
+                (DrainPurpose::Restart { .. }, Some(rollout)) => {
+                    rollout.hand_over_gate(obs, &rollout_timing, &d.pod)
+                }
+                _ => Ok(()),
+            });
             let may_start = if serves && before == DrainStage::MarkDraining {
                 gates::other_working_cn_excluding(obs, &d.pod, &draining)
             } else {

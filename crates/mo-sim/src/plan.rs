@@ -15,6 +15,9 @@ pub struct PlannedPhase {
     pub after_each_pod: String,
     /// Lower bound on this phase's duration (seconds).
     pub lower_bound_seconds: f64,
+    /// The same with the stability window the spec asks after each round of restarts (the
+    /// last round's is the phase's own): what no schedule that honours the spec can beat.
+    pub with_holds_seconds: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -24,6 +27,9 @@ pub struct Plan {
     /// The first image pull, which nothing can overlap.
     pub image_pull_seconds: f64,
     pub lower_bound_seconds: f64,
+    /// The lower bound with the spec's stability windows (`stabilityWindow` after each round
+    /// of every phase): the physical bound plus the holds the spec requires.
+    pub with_holds_seconds: f64,
 }
 
 /// The lower bound for `strategy` on `scenario`'s topology and timings: one image pull, then
@@ -84,6 +90,7 @@ pub fn plan(scenario: &Scenario, strategy: &Strategy) -> Plan {
                 ),
             };
             let rounds = pods.div_ceil(parallelism) as u64;
+            let window = scenario.safe.stability_window;
             PlannedPhase {
                 component,
                 pods,
@@ -91,16 +98,20 @@ pub fn plan(scenario: &Scenario, strategy: &Strategy) -> Plan {
                 before_each_pod: before.into(),
                 after_each_pod: after.into(),
                 lower_bound_seconds: Millis(one.0 * rounds).as_secs_f64(),
+                with_holds_seconds: Millis((one.0 + window.0) * rounds).as_secs_f64(),
             }
         })
         .collect::<Vec<_>>();
     let image_pull_seconds = t.image_pull.millis().as_secs_f64();
     let lower_bound_seconds =
         image_pull_seconds + phases.iter().map(|p| p.lower_bound_seconds).sum::<f64>();
+    let with_holds_seconds =
+        image_pull_seconds + phases.iter().map(|p| p.with_holds_seconds).sum::<f64>();
     Plan {
         strategy: strategy.to_string(),
         phases,
         image_pull_seconds,
         lower_bound_seconds,
+        with_holds_seconds,
     }
 }
