@@ -383,6 +383,13 @@ async fn cleanup(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Re
     ctx.metrics.rollout_halted.remove(&labels);
     ctx.metrics.holds.remove(&labels);
     ctx.metrics.drains_alarmed.remove(&labels);
+    for stage in DRAIN_STAGES {
+        ctx.metrics.drains.remove(&DrainLabels {
+            namespace: labels.namespace.clone(),
+            cluster: labels.cluster.clone(),
+            stage: stage.into(),
+        });
+    }
     ctx.event(
         &cluster,
         EventType::Normal,
@@ -1087,14 +1094,7 @@ fn update_gauges(
     for d in &status.drains {
         *by_stage.entry(d.stage.clone()).or_default() += 1;
     }
-    for stage in [
-        "MarkDraining",
-        "MigrateSessions",
-        "HandOver",
-        "Confirmed",
-        "Released",
-        "Cancelling",
-    ] {
+    for stage in DRAIN_STAGES {
         metrics
             .drains
             .get_or_create(&DrainLabels {
@@ -1105,6 +1105,16 @@ fn update_gauges(
             .set(by_stage.get(stage).copied().unwrap_or(0));
     }
 }
+
+/// The drain stages the `drains` gauge reports, one series each.
+const DRAIN_STAGES: [&str; 6] = [
+    "MarkDraining",
+    "MigrateSessions",
+    "HandOver",
+    "Confirmed",
+    "Released",
+    "Cancelling",
+];
 
 /// The pods of a cluster as the controller's cache sees them (for tests and tools).
 pub fn pods_of<'a>(cluster: &str, pods: &'a [Pod]) -> Vec<&'a Pod> {

@@ -51,11 +51,15 @@ pub struct MatrixOneClusterSpec {
     /// Secrets the pods pull the image with.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// The LOG service: Raft replicas of the log shards; shard 0 is HAKeeper.
     pub log: LogSpec,
+    /// The transaction node (one): it writes the WAL to LOG.
     #[serde(default)]
     pub tn: TnSpec,
     #[x_kube(validation = Rule::new("self.groups.all(g, !(g.name in ['log', 'tn', 'dn', 'proxy']))").message("spec.cn.groups[].name must not be a component name (log, tn, dn, proxy)"))]
+    /// The compute nodes, in groups: they run SQL and host the lock tables other CNs use.
     pub cn: CnSpec,
+    /// The proxies in front of the CNs (the SQL Service's endpoints).
     #[serde(default)]
     pub proxy: ProxySpec,
     /// Where the cluster's data lives (the kernel's SHARED and ETL file services): every LOG,
@@ -69,8 +73,10 @@ pub struct MatrixOneClusterSpec {
     /// `ALTER USER`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub root_password_secret: Option<SecretKeyRef>,
+    /// How an upgrade (a change of `version`) proceeds.
     #[serde(default)]
     pub upgrade: UpgradeSettings,
+    /// How long CN drains may take before an alarm, and how long a deleted CN may wait.
     #[serde(default)]
     pub drain: DrainSettings,
 }
@@ -138,6 +144,7 @@ pub struct PodSettings {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeSpec {
+    /// The claim's size (a Kubernetes quantity, e.g. `20Gi`).
     #[serde(default = "default_volume_size")]
     pub size: Quantity,
     /// The cluster's default StorageClass when unset.
@@ -339,6 +346,7 @@ impl Default for TnSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct CnSpec {
+    /// Groups of CNs, each its own StatefulSet; names are unique.
     #[schemars(length(min = 1, max = 16))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub groups: Vec<CnGroupSpec>,
@@ -436,8 +444,10 @@ pub struct UpgradeSettings {
 #[x_kube(validation = Rule::new("type(self.cn) == int ? self.cn >= 1 : self.cn.matches('^[0-9]+%$')").message("spec.upgrade.maxUnavailable.cn: a number of pods (1 or more) or a percentage like 25%").field_path(".cn"))]
 #[x_kube(validation = Rule::new("type(self.proxy) == int ? self.proxy >= 1 : self.proxy.matches('^[0-9]+%$')").message("spec.upgrade.maxUnavailable.proxy: a number of pods (1 or more) or a percentage like 25%").field_path(".proxy"))]
 pub struct MaxUnavailableSettings {
+    /// CN pods restarted at once: a number (`2`) or a percentage of the CNs (`"25%"`).
     #[serde(default = "one_pod")]
     pub cn: IntOrString,
+    /// Proxies restarted at once: a number (`2`) or a percentage of the proxies (`"50%"`).
     #[serde(default = "one_pod")]
     pub proxy: IntOrString,
 }

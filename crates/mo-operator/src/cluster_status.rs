@@ -9,8 +9,9 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use mo_kube::crd::MatrixOneCluster;
+use mo_kube::observation::running_version;
 use mo_kube::protection::{DO_NOT_DISRUPT, SAFE_TO_EVICT};
-use mo_kube::resources::{ANNOTATION_VERSION, LABEL_CLUSTER, LABEL_COMPONENT, LABEL_SERVING};
+use mo_kube::resources::{LABEL_CLUSTER, LABEL_COMPONENT, LABEL_PREPULL, LABEL_SERVING};
 use serde::Serialize;
 use std::fmt::Write;
 
@@ -61,8 +62,11 @@ async fn read(client: &Client, namespace: &str, name: &str, events: usize) -> Re
         .await
         .with_context(|| format!("MatrixOneCluster {namespace}/{name}"))?;
     let selector = ListParams::default().labels(&format!("{LABEL_CLUSTER}={name}"));
+    // The cluster's own pods, not the image pre-pull pods of an upgrade.
+    let pod_selector =
+        ListParams::default().labels(&format!("{LABEL_CLUSTER}={name},!{LABEL_PREPULL}"));
     let mut pods = Api::<Pod>::namespaced(client.clone(), namespace)
-        .list(&selector)
+        .list(&pod_selector)
         .await
         .context("listing the cluster's pods")?
         .items;
@@ -73,14 +77,16 @@ async fn read(client: &Client, namespace: &str, name: &str, events: usize) -> Re
         .context("listing the cluster's disruption budgets")?
         .items;
     budgets.sort_by_key(|b| b.name_any());
+    // This cluster's events only (a deleted cluster of the same name had another UID).
+    let uid = cluster.uid().unwrap_or_default();
     let mut all_events = Api::<Event>::namespaced(client.clone(), namespace)
         .list(&ListParams::default().fields(&format!(
-            "involvedObject.kind=MatrixOneCluster,involvedObject.name={name}"
+            "involvedObject.kind=MatrixOneCluster,involvedObject.name={name},involvedObject.uid={uid}"
         )))
         .await
         .context("listing the cluster's events")?
         .items;
-    all_events.sort_by_key(event_time);
+    all_events.sort_by_key(last_seen);
     let skip = all_events.len().saturating_sub(events);
     Ok(ClusterView {
         cluster,
@@ -90,12 +96,26 @@ async fn read(client: &Client, namespace: &str, name: &str, events: usize) -> Re
     })
 }
 
-fn event_time(e: &Event) -> String {
-    e.last_timestamp
+/// When an event was last seen: a repeated event (events.k8s.io series) counts from its
+/// latest occurrence, not its first.
+fn last_seen(e: &Event) -> Option<k8s_openapi::jiff::Timestamp> {
+    e.series
         .as_ref()
-        .map(|t| t.0.to_string())
-        .or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()))
-        .unwrap_or_default()
+        .and_then(|s| s.last_observed_time.as_ref())
+        .map(|t| t.0)
+        .or_else(|| e.last_timestamp.as_ref().map(|t| t.0))
+        .or_else(|| e.event_time.as_ref().map(|t| t.0))
+        .or_else(|| e.first_timestamp.as_ref().map(|t| t.0))
+}
+
+/// How many times an event happened.
+fn occurrences(e: &Event) -> i32 {
+    e.series
+        .as_ref()
+        .and_then(|s| s.count)
+        .or(e.count)
+        .unwrap_or(1)
+        .max(1)
 }
 
 /// The text the command prints.
@@ -103,16 +123,21 @@ pub fn render(view: &ClusterView) -> String {
     let mut out = String::new();
     let c = &view.cluster;
     let status = c.status.clone().unwrap_or_default();
+    let stale = match (status.observed_generation, c.metadata.generation) {
+        (Some(seen), Some(now)) if seen < now => " — not yet for the current spec",
+        (None, _) => " — no status yet",
+        _ => "",
+    };
     let _ = writeln!(
         out,
-        "MatrixOneCluster {}/{}: version {} (generation {}, status for {})",
+        "MatrixOneCluster {}/{}: version {} (generation {}, status for {}{stale})",
         c.namespace().unwrap_or_default(),
         c.name_any(),
         c.spec.version,
         c.metadata.generation.unwrap_or(0),
         status
             .observed_generation
-            .map_or("none yet".to_string(), |g| g.to_string())
+            .map_or("none".to_string(), |g| g.to_string())
     );
 
     let _ = writeln!(out, "\nConditions");
@@ -208,8 +233,8 @@ pub fn render(view: &ClusterView) -> String {
     let _ = writeln!(out, "\nPods");
     let _ = writeln!(
         out,
-        "  {:<20} {:<10} {:<12} {:<6} {:<8} {:<14} NODE",
-        "NAME", "COMPONENT", "VERSION", "READY", "SERVING", "AUTOSCALERS"
+        "  {:<28} {:<10} {:<12} {:<6} {:<8} {:<16} NODE",
+        "NAME", "COMPONENT", "VERSION", "READY", "SERVING", "AUTOSCALER-HINT"
     );
     for p in &view.pods {
         let labels = p.labels();
@@ -220,23 +245,23 @@ pub fn render(view: &ClusterView) -> String {
             .and_then(|s| s.conditions.as_ref())
             .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
             .is_some_and(|c| c.status == "True");
+        // Only the autoscalers' hints: evictions and deletes are reviewed by the webhooks
+        // and the budgets whatever they say.
         let pinned = annotations.get(DO_NOT_DISRUPT).map(String::as_str) == Some("true")
             || annotations.get(SAFE_TO_EVICT).map(String::as_str) == Some("false");
         let state = if p.metadata.deletion_timestamp.is_some() {
             "terminating"
         } else if pinned {
-            "kept"
+            "do-not-disrupt"
         } else {
-            "may move"
+            "none"
         };
         let _ = writeln!(
             out,
-            "  {:<20} {:<10} {:<12} {:<6} {:<8} {:<14} {}",
+            "  {:<28} {:<10} {:<12} {:<6} {:<8} {:<16} {}",
             p.name_any(),
             labels.get(LABEL_COMPONENT).map_or("?", String::as_str),
-            annotations
-                .get(ANNOTATION_VERSION)
-                .map_or("?", String::as_str),
+            running_version(p),
             if ready { "yes" } else { "no" },
             labels.get(LABEL_SERVING).map_or("-", String::as_str),
             state,
@@ -252,10 +277,14 @@ pub fn render(view: &ClusterView) -> String {
         let _ = writeln!(out, "  none");
     }
     for e in &view.events {
+        let times = match occurrences(e) {
+            1 => String::new(),
+            n => format!(" (×{n})"),
+        };
         let _ = writeln!(
             out,
-            "  {} {:<8} {:<20} {}",
-            event_time(e),
+            "  {} {:<8} {:<20} {}{times}",
+            last_seen(e).map_or("-".to_string(), |t| t.to_string()),
             e.type_.as_deref().unwrap_or(""),
             e.reason.as_deref().unwrap_or(""),
             e.message.as_deref().unwrap_or("")
@@ -293,14 +322,15 @@ mod tests {
         }))
         .expect("cluster");
         let pod = |name: &str, pinned: bool| -> Pod {
-            let mut annotations = serde_json::json!({ANNOTATION_VERSION: "v1"});
+            let mut annotations = serde_json::json!({});
             if pinned {
                 annotations[DO_NOT_DISRUPT] = "true".into();
             }
             serde_json::from_value(serde_json::json!({
                 "metadata": {"name": name, "labels": {LABEL_COMPONENT: "cn"},
                     "annotations": annotations},
-                "spec": {"containers": [], "nodeName": "node-a"},
+                "spec": {"containers": [{"name": "main", "image": "matrixorigin/matrixone:v1"}],
+                    "nodeName": "node-a"},
                 "status": {"conditions": [{"type": "Ready", "status": "True"}]}
             }))
             .expect("pod")
@@ -340,7 +370,12 @@ mod tests {
                 .unwrap_or_else(|| panic!("{pod} row"))
                 .to_string()
         };
-        assert!(line("mo-tp-1").contains("kept"), "{}", line("mo-tp-1"));
-        assert!(line("mo-tp-0").contains("may move"), "{}", line("mo-tp-0"));
+        assert!(
+            line("mo-tp-1").contains("do-not-disrupt"),
+            "{}",
+            line("mo-tp-1")
+        );
+        assert!(line("mo-tp-0").contains(" none "), "{}", line("mo-tp-0"));
+        assert!(line("mo-tp-0").contains(" v1 "), "{}", line("mo-tp-0"));
     }
 }

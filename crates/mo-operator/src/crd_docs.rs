@@ -104,8 +104,10 @@ fn section(out: &mut String, path: &str, schema: &Value) {
     };
     let required: Vec<&str> = if is_list {
         &schema["items"]["required"]
-    } else {
+    } else if schema.get("properties").is_some() {
         &schema["required"]
+    } else {
+        &schema["additionalProperties"]["required"]
     }
     .as_array()
     .into_iter()
@@ -192,6 +194,27 @@ fn type_of(field: &Value) -> String {
 
 fn validation(field: &Value) -> Vec<String> {
     let mut v = Vec::new();
+    if field["x-kubernetes-list-type"] == "map" {
+        let keys: Vec<String> = field["x-kubernetes-list-map-keys"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|k| k.as_str().map(|k| format!("`{k}`")))
+            .collect();
+        v.push(format!("items unique by {}", keys.join(", ")));
+    }
+    // What a list's items or a map's values must be.
+    for (part, what) in [
+        ("items", "each item"),
+        ("additionalProperties", "each value"),
+    ] {
+        if let Some(inner) = field.get(part).filter(|i| i.is_object()) {
+            let inner = validation(inner);
+            if !inner.is_empty() {
+                v.push(format!("{what}: {}", inner.join(", ")));
+            }
+        }
+    }
     if let Some(values) = field["enum"].as_array() {
         let values: Vec<String> = values.iter().map(|e| format!("`{e}`")).collect();
         v.push(format!("one of {}", values.join(", ")));
@@ -294,6 +317,31 @@ mod tests {
     }
 
     #[test]
+    fn a_map_values_required_fields_and_a_lists_rules_are_shown() {
+        let text = generated();
+        let components = &text[text.find("## `status.components.<key>`").expect("section")..];
+        let ready = components
+            .lines()
+            .find(|l| l.starts_with("| `ready`"))
+            .expect("ready row");
+        assert!(ready.contains("required"), "{ready}");
+        let groups = text
+            .lines()
+            .find(|l| l.starts_with("| `groups`"))
+            .expect("groups row");
+        assert!(groups.contains("items unique by `name`"), "{groups}");
+        let strategy = text
+            .lines()
+            .find(|l| l.starts_with("| `strategy`"))
+            .expect("strategy row");
+        assert!(
+            strategy.contains("each value: each item: one of `\"log\"`")
+                && strategy.contains("items ≤ 5"),
+            "{strategy}"
+        );
+    }
+
+    #[test]
     fn kubernetes_types_are_named_not_expanded() {
         let text = generated();
         assert!(text.contains("core/v1 Affinity"));
@@ -304,10 +352,16 @@ mod tests {
     fn every_field_of_the_spec_has_a_description() {
         let text = generated();
         let spec = &text[..text.find("## `status`").expect("status section")];
+        // The last cell, without the link to the field's own section.
         let undocumented: Vec<&str> = spec
             .lines()
             .filter(|l| l.starts_with("| `"))
-            .filter(|l| l.trim_end().ends_with("| |") || l.trim_end().ends_with("|  |"))
+            .filter(|l| {
+                let cells: Vec<&str> = l.trim_end().trim_end_matches('|').split(" | ").collect();
+                let description = cells.last().copied().unwrap_or("");
+                let own = description.split("See [`").next().unwrap_or("");
+                own.trim().is_empty()
+            })
             .collect();
         assert!(
             undocumented.is_empty(),

@@ -85,6 +85,7 @@ fn the_chart_lints_and_renders_with_default_and_non_default_values() {
         "RoleBinding",
         "Deployment",
         "Service",
+        "PodDisruptionBudget",
     ]
     .map(String::from)
     .into();
@@ -95,6 +96,16 @@ fn the_chart_lints_and_renders_with_default_and_non_default_values() {
     );
     let deployment = find(&defaults, "Deployment");
     assert_eq!(deployment["spec"]["replicas"], 2);
+    // The replicas prefer different nodes, and a budget keeps one answering the webhooks.
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+            [0]["podAffinityTerm"]["topologyKey"],
+        "kubernetes.io/hostname"
+    );
+    assert_eq!(
+        find(&defaults, "PodDisruptionBudget")["spec"]["maxUnavailable"],
+        1
+    );
     let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
     assert!(!args.contains("--watch-namespace"), "{args}");
     assert!(!args.contains("--hakeeper-discovery-address"), "{args}");

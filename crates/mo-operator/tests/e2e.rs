@@ -153,7 +153,7 @@ async fn a_cluster_becomes_ready_scales_out_and_in_through_the_drain_arbiter_and
         .find(|l| l.trim_start().starts_with("mo-tp-0 "))
         .expect("row");
     assert!(
-        cn_row.contains("kept"),
+        cn_row.contains("do-not-disrupt"),
         "a CN is pinned for autoscalers: {cn_row}"
     );
     // Printer columns.
