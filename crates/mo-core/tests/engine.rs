@@ -1304,3 +1304,60 @@ fn max_unavailable_reads_counts_and_percentages() {
     assert_eq!(MaxUnavailable::Percent(10).of(3), 1, "never less than one");
     assert_eq!(MaxUnavailable::Pods(0).of(3), 1);
 }
+
+#[test]
+fn a_proxy_prepared_during_the_window_goes_back_when_the_restarted_one_fails_its_gate() {
+    // Three proxies, one at a time: proxy-2 keeps routing throughout, so only the
+    // preparation rule (not the route gate) sends proxy-1 back.
+    let mut p = SafePolicy::new(SafeConfig::default());
+    let mut o = wide(2, 3);
+    upgrade(
+        &mut o,
+        r#"{"proxy":[],"log":["proxy"],"tn":["log"],"cn":["tn"]}"#,
+    );
+    let d = decide(&mut p, &o);
+    assert_eq!(out_of_service(&d), vec!["proxy-0"]);
+    follow_proxy_drains(&mut o, &d);
+    o.now += SafeConfig::default().endpoints_settle + Millis::from_secs(1);
+    let d = decide(&mut p, &o);
+    assert_eq!(restarts(&d), vec!["proxy-0"]);
+    // The new proxy-0, in its Service and routing.
+    let now = o.now;
+    let new = proxy_mut(&mut o, "proxy-0");
+    new.uid = "u-px-0b".into();
+    new.version = "v2".into();
+    new.serving = true;
+    new.started_at = Some(now);
+    o.proxy_connections.insert("proxy-0".into(), Ok(3));
+    // Seen restarted, then healthy: its window starts, and proxy-1 leaves its Service.
+    let mut out = vec![];
+    for _ in 0..3 {
+        o.now += Millis::from_secs(1);
+        let d = decide(&mut p, &o);
+        assert!(restarts(&d).is_empty(), "{:?}", d.actions);
+        out.extend(out_of_service(&d));
+        follow_proxy_drains(&mut o, &d);
+    }
+    assert_eq!(out, vec!["proxy-1"]);
+    // Its clients gone, proxy-1 still waits for proxy-0's window.
+    o.now += SafeConfig::default().endpoints_settle + Millis::from_secs(1);
+    let d = decide(&mut p, &o);
+    assert!(restarts(&d).is_empty(), "{:?}", d.actions);
+    // proxy-0 stops routing within its window: proxy-1 goes back into its Service.
+    o.proxy_routes.insert(
+        "proxy-0".into(),
+        Err(ObservationError::Timeout("route check".into())),
+    );
+    o.now += Millis::from_secs(1);
+    let d = decide(&mut p, &o);
+    assert!(restarts(&d).is_empty(), "{:?}", d.actions);
+    assert!(
+        d.actions.contains(&Action::SetProxyServing {
+            pod: "proxy-1".into(),
+            uid: "u-px-1".into(),
+            serving: true,
+        }),
+        "{:?}",
+        d.actions
+    );
+}
