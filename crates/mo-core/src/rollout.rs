@@ -312,6 +312,10 @@ pub struct Rollout {
     /// Further pods of a CN or proxy phase restarting at the same time as `step`'s.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub more: Vec<Lane>,
+    /// A creation went past the stall timeout: it keeps waiting on its gates and raises an
+    /// alarm instead of halting (cleared by the next progress).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub alarmed: bool,
 }
 
 /// What happened this step, for the policy to report.
@@ -321,6 +325,8 @@ pub struct StepReport {
     pub phase_finished: Option<Component>,
     pub finished: bool,
     pub halted: Option<String>,
+    /// A creation went past the stall timeout (once per stall).
+    pub alarmed: Option<String>,
 }
 
 impl Rollout {
@@ -346,7 +352,15 @@ impl Rollout {
             unsupported: BTreeSet::new(),
             healthy_seen: false,
             more: Vec::new(),
+            alarmed: false,
         }
+    }
+
+    /// The rollout creates the cluster: no pod ran another version when it started. It has
+    /// nothing running to protect by stopping and no version to go back to, so a stall does
+    /// not halt it (under load, LOG pods can take longer than the stall timeout to start).
+    pub fn is_creation(&self) -> bool {
+        self.previous.values().all(|v| *v == self.target)
     }
 
     /// Learns which extensions the kernel lacks from its answers to the rollout's calls.
@@ -418,6 +432,7 @@ impl Rollout {
         self.step = step;
         self.last_progress = now;
         self.hold = None;
+        self.alarmed = false;
         self.healthy_seen = false;
     }
 
@@ -433,6 +448,10 @@ impl Rollout {
         actions: &mut Vec<Action>,
     ) -> StepReport {
         let mut report = StepReport::default();
+        if matches!(self.status, RolloutStatus::Halted { .. }) && self.is_creation() {
+            // Halted by an operator that still halted creations: resume, alarmed.
+            self.status = RolloutStatus::Running;
+        }
         if self.status != RolloutStatus::Running {
             return report;
         }
@@ -448,7 +467,15 @@ impl Rollout {
                 "stalled in the {component} phase: no progress for {}: {waiting}",
                 format_duration(now - self.last_progress)
             );
-            if timing.on_stall == OnStall::Rollback && !self.rolling_back && self.phase_started {
+            if self.is_creation() {
+                if !self.alarmed {
+                    self.alarmed = true;
+                    report.alarmed = Some(reason);
+                }
+            } else if timing.on_stall == OnStall::Rollback
+                && !self.rolling_back
+                && self.phase_started
+            {
                 self.rolling_back = true;
                 self.progress(now, Step::NextPod);
                 self.more.clear();

@@ -366,6 +366,7 @@ impl SafePolicy {
         }
         let status = rollout.status.clone();
         let hold = rollout.hold.clone();
+        let alarmed = rollout.alarmed;
         match status {
             RolloutStatus::Halted { reason } => {
                 self.note_hold(notes, "rollout", format!("halted: {reason}"))
@@ -378,11 +379,20 @@ impl SafePolicy {
             RolloutStatus::Complete => {
                 self.reported.remove("rollout");
             }
-            RolloutStatus::Running => {
-                if let Some(hold) = hold {
-                    self.note_hold(notes, "rollout", hold);
-                }
-            }
+            RolloutStatus::Running => match (report.alarmed, hold) {
+                (Some(stall), _) => self.note_hold(
+                    notes,
+                    "rollout",
+                    format!("ALARM (creation is slow, it keeps waiting): {stall}"),
+                ),
+                (None, Some(hold)) if alarmed => self.note_hold(
+                    notes,
+                    "rollout",
+                    format!("ALARM (creation is slow, it keeps waiting): {hold}"),
+                ),
+                (None, Some(hold)) => self.note_hold(notes, "rollout", hold),
+                (None, None) => {}
+            },
         }
     }
 

@@ -1361,3 +1361,126 @@ fn a_proxy_prepared_during_the_window_goes_back_when_the_restarted_one_fails_its
         d.actions
     );
 }
+
+#[test]
+fn a_creation_slower_than_the_stall_timeout_alarms_and_finishes_once_its_pods_are_ready() {
+    let config = SafeConfig::default();
+    let mut p = SafePolicy::new(config.clone());
+    // A new cluster: every pod created on the target version, LOG pods not Ready yet.
+    let mut o = cluster("v2");
+    upgrade(&mut o, LOG_FIRST);
+    for x in o.pods.iter_mut().filter(|x| x.component == Component::Log) {
+        x.ready = false;
+    }
+    let start = o.now;
+    let stall = config.stall_timeout.0 / 1000;
+    let mut notes = vec![];
+    for t in 0..=(stall + 60) {
+        o.now = start + Millis::from_secs(t);
+        let d = decide(&mut p, &o);
+        assert!(
+            !d.actions
+                .iter()
+                .any(|a| matches!(a, Action::RestartPod { .. } | Action::DeletePod { .. })),
+            "a creation restarts nothing"
+        );
+        notes.extend(d.notes);
+    }
+    let rollout = p.record().rollout.clone().expect("the creation's rollout");
+    assert_eq!(
+        rollout.status,
+        RolloutStatus::Running,
+        "a creation never halts"
+    );
+    assert!(rollout.alarmed, "past the stall timeout it raises an alarm");
+    let alarm = notes
+        .iter()
+        .find_map(|n| match n {
+            PolicyNote::Holding { subject, reason } if subject == "rollout" => {
+                reason.starts_with("ALARM").then(|| reason.clone())
+            }
+            _ => None,
+        })
+        .expect("an alarm note");
+    assert!(alarm.contains("log phase"), "{alarm}");
+    assert!(
+        !notes.iter().any(
+            |n| matches!(n, PolicyNote::Holding { reason, .. } if reason.starts_with("halted"))
+        ),
+        "no halt"
+    );
+    // The LOG pods turn Ready: the creation goes on and finishes, the alarm cleared.
+    for x in o.pods.iter_mut() {
+        x.ready = true;
+    }
+    let mut finished = false;
+    for t in 1..=120 {
+        o.now = start + Millis::from_secs(stall + 60 + t);
+        let d = decide(&mut p, &o);
+        if d.notes.contains(&PolicyNote::UpgradeFinished) {
+            finished = true;
+            break;
+        }
+    }
+    assert!(finished, "the creation finishes once its gates hold");
+    assert!(!p.record().rollout.as_ref().unwrap().alarmed);
+}
+
+#[test]
+fn a_creation_halted_by_an_older_operator_resumes_alarmed() {
+    let config = SafeConfig::default();
+    let mut p = SafePolicy::new(config.clone());
+    let mut o = cluster("v2");
+    upgrade(&mut o, LOG_FIRST);
+    o.pods[0].ready = false;
+    decide(&mut p, &o);
+    let mut record: serde_json::Value =
+        serde_json::from_str(&p.progress_record().unwrap()).unwrap();
+    record["rollout"]["status"] =
+        serde_json::json!({"status": "halted", "reason": "stalled in the log phase"});
+    record["rollout"]["last_progress"] = serde_json::json!(0);
+    let mut p = SafePolicy::resume(config.clone(), &record.to_string());
+    assert!(matches!(
+        p.record().rollout.as_ref().unwrap().status,
+        RolloutStatus::Halted { .. }
+    ));
+    o.now += config.stall_timeout;
+    let d = decide(&mut p, &o);
+    let rollout = p.record().rollout.as_ref().unwrap();
+    assert_eq!(rollout.status, RolloutStatus::Running);
+    assert!(rollout.alarmed);
+    assert!(
+        d.notes.iter().any(
+            |n| matches!(n, PolicyNote::Holding { reason, .. } if reason.starts_with("ALARM"))
+        )
+    );
+    // Once log-0 is Ready the creation finishes.
+    o.pods[0].ready = true;
+    let finished = (0..300).any(|_| {
+        o.now += Millis::from_secs(1);
+        decide(&mut p, &o)
+            .notes
+            .contains(&PolicyNote::UpgradeFinished)
+    });
+    assert!(finished);
+}
+
+#[test]
+fn an_upgrade_stall_still_halts() {
+    // The creation rule is about creations only: an upgrade from v1 still halts at the stall.
+    let config = SafeConfig::default();
+    let mut p = SafePolicy::new(config.clone());
+    let mut o = cluster("v1");
+    upgrade(&mut o, LOG_FIRST);
+    o.hakeeper.as_mut().unwrap().log_shards[1] = shard(1, "log-0", &[true, false, false]);
+    o.tn_wal_tolerance = Some(config.tn_wal_tolerance);
+    let start = o.now;
+    for t in 0..=(config.stall_timeout.0 / 1000 + 5) {
+        o.now = start + Millis::from_secs(t);
+        decide(&mut p, &o);
+    }
+    assert!(matches!(
+        p.record().rollout.as_ref().unwrap().status,
+        RolloutStatus::Halted { .. }
+    ));
+}

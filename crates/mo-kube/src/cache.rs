@@ -2,9 +2,9 @@
 //! watch stream with backoff).
 
 use futures::StreamExt;
-use kube::Api;
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 
@@ -29,15 +29,19 @@ where
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
     let (store, writer) = reflector::store();
-    let stream = reflector(writer, watcher(api, config))
-        .default_backoff()
-        .touched_objects()
-        .for_each(move |object| {
-            if let Ok(object) = object {
-                touched(&object);
-            }
-            futures::future::ready(())
-        });
+    // Field ownership is never read from a cached object; it is often the largest part of it.
+    let stream = reflector(
+        writer,
+        watcher(api, config).modify(|object: &mut K| object.managed_fields_mut().clear()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(move |object| {
+        if let Ok(object) = object {
+            touched(&object);
+        }
+        futures::future::ready(())
+    });
     tokio::spawn(stream);
     store
 }

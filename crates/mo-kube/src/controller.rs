@@ -9,6 +9,7 @@
 //! taken; each action is idempotent and guarded by the pod UID it names.
 
 use crate::crd::{FIELD_MANAGER, FINALIZER, MatrixOneCluster, MatrixOneClusterStatus};
+use crate::events::{EventPublisher, EventType};
 use crate::kernel::KernelClients;
 use crate::kernel_config;
 use crate::metrics::{ActionLabels, ClusterLabels, DrainLabels, Metrics};
@@ -20,7 +21,6 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{Action as Requeue, Config as ControllerConfig, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -46,9 +46,13 @@ pub enum Error {
 
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// How often each cluster is observed and decided on when nothing changes (the core's
-    /// timers: stability windows, resends, stall clocks).
+    /// How often each cluster is observed and decided on while something is under way (the
+    /// core's timers: stability windows, resends, stall clocks).
     pub tick: Duration,
+    /// How often a calm cluster is observed (no rollout, drain, removal or hold, every pod
+    /// Ready): the age its kernel reading can reach. Watch events still wake it at once, and
+    /// disruption reviews read the kernel afresh.
+    pub idle_tick: Duration,
     /// Watch events of one cluster closer together than this wake one reconcile.
     pub debounce: Duration,
     /// The kernel of one cluster is read at most once per this (a burst of watch events does
@@ -87,7 +91,7 @@ pub struct Context {
     pub(crate) client: Client,
     pub(crate) kernel: Arc<KernelClients>,
     pub metrics: Arc<Metrics>,
-    recorder: Recorder,
+    events: EventPublisher,
     pub(crate) pods: Store<Pod>,
     pub(crate) nodes: Store<Node>,
     states: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<ClusterState>>>>,
@@ -177,16 +181,10 @@ impl Context {
         reason: &str,
         note: String,
     ) {
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note.chars().take(1000).collect()),
-            action: reason.into(),
-            secondary: None,
-        };
+        let note: String = note.chars().take(1000).collect();
         if let Err(e) = self
-            .recorder
-            .publish(&event, &cluster.object_ref(&()))
+            .events
+            .publish(&cluster.object_ref(&()), type_, reason, &note)
             .await
         {
             tracing::warn!(error = %e, "publishing an event failed");
@@ -227,18 +225,12 @@ impl Context {
         );
         let _ = pods.wait_until_ready().await;
         let _ = nodes.wait_until_ready().await;
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: FIELD_MANAGER.into(),
-                instance: Some(settings.instance.clone()),
-            },
-        );
+        let events = EventPublisher::new(client.clone(), FIELD_MANAGER, &settings.instance);
         Arc::new(Context {
             client,
             kernel,
             metrics,
-            recorder,
+            events,
             pods,
             nodes,
             states: Mutex::new(BTreeMap::new()),
@@ -381,6 +373,7 @@ async fn cleanup(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Re
     let labels = cluster_labels(&cluster);
     ctx.metrics.rollout_phase.remove(&labels);
     ctx.metrics.rollout_halted.remove(&labels);
+    ctx.metrics.creation_slow.remove(&labels);
     ctx.metrics.holds.remove(&labels);
     ctx.metrics.drains_alarmed.remove(&labels);
     for stage in DRAIN_STAGES {
@@ -615,8 +608,25 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
         }
         results.push(ActionResult { action, result });
     }
+    let calm = results.is_empty()
+        && policy.holds().is_empty()
+        && policy.record().drains.iter().all(|d| !d.is_active())
+        && observation.desired.removals.is_empty()
+        && new_status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == status::READY && c.status == "True")
+        && policy
+            .record()
+            .rollout
+            .as_ref()
+            .is_none_or(|r| r.status != mo_core::rollout::RolloutStatus::Running);
     state.results = results;
-    Ok(Requeue::requeue(ctx.settings.tick))
+    Ok(Requeue::requeue(if calm {
+        ctx.settings.idle_tick.max(ctx.settings.tick)
+    } else {
+        ctx.settings.tick
+    }))
 }
 
 /// The cluster's pods as the cache has them.
@@ -1079,6 +1089,14 @@ fn update_gauges(
         .rollout_halted
         .get_or_create(&labels)
         .set(i64::from(halted));
+    let creation_slow = record
+        .rollout
+        .as_ref()
+        .is_some_and(|r| r.alarmed && r.status == mo_core::rollout::RolloutStatus::Running);
+    metrics
+        .creation_slow
+        .get_or_create(&labels)
+        .set(i64::from(creation_slow));
     metrics
         .holds
         .get_or_create(&labels)

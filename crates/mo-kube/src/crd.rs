@@ -408,7 +408,8 @@ pub struct UpgradeSettings {
     #[serde(default = "default_stability")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
     pub stability_window: String,
-    /// No progress for this long halts the rollout (or rolls it back). Never deletes or advances.
+    /// No progress for this long halts the rollout (or rolls it back). A cluster's creation
+    /// raises an alarm instead and keeps waiting. Never deletes or advances.
     #[serde(default = "default_stall")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
     pub stall_timeout: String,

@@ -8,13 +8,13 @@
 
 use crate::controller::{Context, now_millis, patch_progress, pods_of_cluster};
 use crate::crd::MatrixOneCluster;
+use crate::events::EventType;
 use crate::kernel_config;
 use crate::observation::{self, component_of};
 use crate::resources::LABEL_CLUSTER;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::events::EventType;
 use mo_core::{EvictionRequest, EvictionVerdict, Policy, SafePolicy};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

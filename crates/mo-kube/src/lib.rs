@@ -6,6 +6,7 @@ pub mod cache;
 pub mod controller;
 pub mod crd;
 pub mod disruption;
+pub mod events;
 pub mod kernel;
 pub mod kernel_config;
 pub mod leader;

@@ -85,6 +85,8 @@ pub struct Metrics {
     /// Index of the rollout's current phase (−1: none, phases count: complete).
     pub rollout_phase: Family<ClusterLabels, Gauge>,
     pub rollout_halted: Family<ClusterLabels, Gauge>,
+    /// 1 while a creation waits past its stall timeout (it keeps waiting; it never halts).
+    pub creation_slow: Family<ClusterLabels, Gauge>,
     /// Things the core holds back now (a rollout gate, drains waiting for confirmation).
     pub holds: Family<ClusterLabels, Gauge>,
     pub drains: Family<DrainLabels, Gauge>,
@@ -120,6 +122,7 @@ impl Metrics {
         let actions = Family::<ActionLabels, Counter>::default();
         let rollout_phase = Family::<ClusterLabels, Gauge>::default();
         let rollout_halted = Family::<ClusterLabels, Gauge>::default();
+        let creation_slow = Family::<ClusterLabels, Gauge>::default();
         let holds = Family::<ClusterLabels, Gauge>::default();
         let drains = Family::<DrainLabels, Gauge>::default();
         let drains_alarmed = Family::<ClusterLabels, Gauge>::default();
@@ -171,6 +174,11 @@ impl Metrics {
             rollout_halted.clone(),
         );
         registry.register(
+            "creation_slow",
+            "1 while a cluster's creation waits past its stall timeout (it keeps waiting)",
+            creation_slow.clone(),
+        );
+        registry.register(
             "holds",
             "Gates and drains the core is holding on",
             holds.clone(),
@@ -208,6 +216,7 @@ impl Metrics {
             actions,
             rollout_phase,
             rollout_halted,
+            creation_slow,
             holds,
             drains,
             drains_alarmed,

@@ -196,7 +196,18 @@ pub fn build(
         .as_ref()
         .is_some_and(|r| r.status == RolloutStatus::Running);
     let removing = !observation.desired.removals.is_empty();
-    let alarms: Vec<String> = record
+    let creation_slow = record
+        .rollout
+        .as_ref()
+        .filter(|r| r.alarmed && r.status == RolloutStatus::Running)
+        .map(|r| {
+            format!(
+                "creation of {} is past its stall timeout and keeps waiting: {}",
+                r.target,
+                r.hold.clone().unwrap_or_default()
+            )
+        });
+    let drain_alarms: Vec<String> = record
         .drains
         .iter()
         .filter(|d| d.is_active() && d.alarmed)
@@ -285,7 +296,7 @@ pub fn build(
             let previous_version = record
                 .rollout
                 .as_ref()
-                .and_then(|r| r.previous.values().next().cloned())
+                .and_then(|r| r.previous.values().find(|v| **v != r.target).cloned())
                 .unwrap_or_default();
             condition(
                 prev,
@@ -298,11 +309,18 @@ pub fn build(
                     "StallTimeout"
                 },
                 format!(
-                    "rollout to {target} {}: {reason}. Nothing was deleted or restarted because of the timeout. Fix the cause, then set spec.version to {previous_version} to roll back or to a newer version to start a new rollout.",
+                    "rollout to {target} {}: {reason}. Nothing was deleted or restarted because of the timeout. Fix the cause, then {}.",
                     if *rolled_back {
                         "rolled back and stopped"
                     } else {
                         "halted"
+                    },
+                    if previous_version.is_empty() {
+                        "set spec.version to another version to start a new rollout".to_string()
+                    } else {
+                        format!(
+                            "set spec.version to {previous_version} to roll back or to a newer version to start a new rollout"
+                        )
                     }
                 ),
             )
@@ -318,7 +336,8 @@ pub fn build(
                 .iter()
                 .map(|e| format!("kernel unreachable: {e}")),
         )
-        .chain(alarms)
+        .chain(creation_slow.clone())
+        .chain(drain_alarms)
         .collect();
     let degraded = condition(
         prev,
@@ -329,6 +348,8 @@ pub fn build(
             "ConfigurationProblem"
         } else if kernel_error.is_some() {
             "KernelUnreachable"
+        } else if creation_slow.is_some() {
+            "CreationSlow"
         } else if !degraded_reasons.is_empty() {
             "DrainAlarm"
         } else {

@@ -36,6 +36,10 @@ pub struct Args {
     /// its pods, their nodes, its budgets or the cluster object wakes it at once.
     #[arg(long, default_value = "1s", value_parser = duration)]
     pub tick: Duration,
+    /// How often a calm cluster (nothing under way or held, every pod Ready) is observed; any
+    /// change wakes it at once, and disruption reviews read the kernel afresh.
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    pub idle_tick: Duration,
     /// Watch events of one cluster closer together than this wake one reconcile.
     #[arg(long, default_value = "20ms", value_parser = duration)]
     pub debounce: Duration,
@@ -438,6 +442,7 @@ pub async fn run(args: Args) -> Result<()> {
     };
     let settings = Settings {
         tick: args.tick,
+        idle_tick: args.idle_tick,
         debounce: args.debounce,
         min_kernel_read_gap: args.min_kernel_read_gap,
         reapply_every: Duration::from_secs(60),

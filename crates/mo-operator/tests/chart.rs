@@ -181,6 +181,7 @@ fn exported_series() -> BTreeSet<String> {
     for family in [
         &m.rollout_phase,
         &m.rollout_halted,
+        &m.creation_slow,
         &m.holds,
         &m.drains_alarmed,
     ] {

@@ -2,7 +2,8 @@
 //! plane (a measurement, run on demand):
 //! `cargo test --release -p mo-operator --test scale -- --ignored --nocapture`.
 //! Writes `target/figures/operator-<N>-clusters.json`: time to Ready, RSS, reconcile latency in
-//! the steady state, and the reaction time from a watch event to the reconcile's actions.
+//! the steady state, and the reaction time from a watch event to the reconcile's actions (over
+//! the whole run, and in the steady state when a proxy is taken out of its Service by hand).
 
 mod support;
 
@@ -107,6 +108,42 @@ async fn many_clusters_reach_ready_and_the_operator_footprint_is_measured() {
     let steady_samples = (clusters * 55).min(20_000);
     let latency = operator.latency_of_newest(steady_samples).await;
     let reaction = operator.reaction_latency().await;
+    // Reaction in the steady state: one proxy per cluster is taken out of its Service by hand
+    // (its serving label), 100 ms apart; each wakes its cluster, whose next action puts the
+    // proxy back.
+    let reactions_before = reaction["samples"].as_u64().unwrap_or(0);
+    let label = "ops.matrixorigin.io/serving";
+    for i in 0..clusters {
+        let patch = serde_json::json!({"metadata": {"labels": {label: "false"}}});
+        t.pods()
+            .patch(
+                &format!("mo-{i:02}-proxy-0"),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .expect("take a proxy out by hand");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_for(
+        "every proxy put back into its Service",
+        Duration::from_secs(120),
+        || async {
+            let pods = t.pods().list(&Default::default()).await.ok()?;
+            let out = pods
+                .items
+                .iter()
+                .filter(|p| p.labels().get(label).map(String::as_str) == Some("false"))
+                .count();
+            (out == 0).then_some(())
+        },
+    )
+    .await;
+    let reacted = operator.reaction_latency().await["samples"]
+        .as_u64()
+        .unwrap_or(0)
+        - reactions_before;
+    let reaction_steady = operator.reaction_latency_of_newest(reacted as usize).await;
     let figures = serde_json::json!({
         "clusters": clusters,
         "pods_ready": pods_ready,
@@ -118,6 +155,7 @@ async fn many_clusters_reach_ready_and_the_operator_footprint_is_measured() {
         "reconcile_latency_whole_run": whole_run,
         "reconciles_before_the_steady_minute": before,
         "reaction_latency_whole_run": reaction,
+        "reaction_latency_steady_proxy_put_back": reaction_steady,
     });
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("../figures");
     std::fs::create_dir_all(&dir).expect("dir");
@@ -130,4 +168,8 @@ async fn many_clusters_reach_ready_and_the_operator_footprint_is_measured() {
     assert!(latency["samples"].as_u64().unwrap_or(0) >= clusters as u64 * 30);
     // Pods turning Ready woke their clusters (the watches work).
     assert!(reaction["samples"].as_u64().unwrap_or(0) >= clusters as u64);
+    assert!(
+        reacted >= clusters as u64,
+        "each proxy taken out woke its cluster"
+    );
 }

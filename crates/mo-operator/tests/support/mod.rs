@@ -224,6 +224,11 @@ impl Operator {
         self.debug("reaction-latency").await
     }
 
+    /// Reaction latency over the newest `n` reactions only.
+    pub async fn reaction_latency_of_newest(&self, n: usize) -> serde_json::Value {
+        self.debug(&format!("reaction-latency?newest={n}")).await
+    }
+
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
