@@ -26,7 +26,7 @@ use mo_rpc::{
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// HAKeeper ticks ten times a second (`hakeeper.DefaultTickPerSecond`).
 pub const HAKEEPER_TICK: Millis = Millis(100);
@@ -60,14 +60,68 @@ impl Default for KernelSettings {
 /// A cluster: (namespace, name).
 type ClusterKey = (String, String);
 
+/// How long a client no reading has used is kept: a restarted pod comes back at another
+/// address, and the old one's client (and its connection) would otherwise stay for good.
+const CLIENT_IDLE_LIMIT: Duration = Duration::from_secs(120);
+
+/// Clients by address, each with when it was last handed out.
+type Clients<C> = HashMap<String, (Arc<C>, Instant)>;
+
+/// Clients by address, and when the pool last dropped those no longer used.
+struct ClientPool<C> {
+    clients: Mutex<(Clients<C>, Instant)>,
+}
+
+impl<C> Default for ClientPool<C> {
+    fn default() -> Self {
+        ClientPool {
+            clients: Mutex::new((HashMap::new(), Instant::now())),
+        }
+    }
+}
+
+impl<C> ClientPool<C> {
+    fn get(&self, address: &str, make: impl FnOnce() -> C) -> Arc<C> {
+        self.get_at(address, Instant::now(), make)
+    }
+
+    fn get_at(&self, address: &str, now: Instant, make: impl FnOnce() -> C) -> Arc<C> {
+        let mut guard = self.clients.lock().expect("clients lock");
+        let (clients, pruned) = &mut *guard;
+        if now.duration_since(*pruned) >= CLIENT_IDLE_LIMIT {
+            clients.retain(|_, (_, used)| now.duration_since(*used) < CLIENT_IDLE_LIMIT);
+            *pruned = now;
+        }
+        let entry = clients
+            .entry(address.to_string())
+            .or_insert_with(|| (Arc::new(make()), now));
+        entry.1 = now;
+        entry.0.clone()
+    }
+
+    #[cfg(test)]
+    fn addresses(&self) -> Vec<String> {
+        let mut a: Vec<String> = self
+            .clients
+            .lock()
+            .expect("clients lock")
+            .0
+            .keys()
+            .cloned()
+            .collect();
+        a.sort();
+        a
+    }
+}
+
 /// Clients kept between ticks, so that connections are reused.
 pub struct KernelClients {
     settings: KernelSettings,
     /// Per cluster: how its HAKeeper is found, and the client found with it.
     hakeepers: Mutex<HashMap<ClusterKey, (Discovery, Arc<HaKeeperClient>)>>,
-    allocators: Mutex<HashMap<String, Arc<LockAllocatorClient>>>,
-    queries: Mutex<HashMap<String, Arc<QueryClient>>>,
-    log_stores: Mutex<HashMap<String, Arc<LogStoreClient>>>,
+    allocators: ClientPool<LockAllocatorClient>,
+    queries: ClientPool<QueryClient>,
+    log_stores: ClientPool<LogStoreClient>,
     /// The TN's lock-service address per cluster, as last read from HAKeeper.
     allocator_of: Mutex<HashMap<ClusterKey, String>>,
     /// Per cluster: the CN instances (query address → Kubernetes instance) whose kernel said
@@ -488,9 +542,9 @@ impl KernelClients {
         KernelClients {
             settings,
             hakeepers: Mutex::default(),
-            allocators: Mutex::default(),
-            queries: Mutex::default(),
-            log_stores: Mutex::default(),
+            allocators: ClientPool::default(),
+            queries: ClientPool::default(),
+            log_stores: ClientPool::default(),
             without_replica_service: Mutex::default(),
             allocator_of: Mutex::default(),
         }
@@ -550,30 +604,19 @@ impl KernelClients {
     }
 
     fn allocator(&self, address: &str) -> Arc<LockAllocatorClient> {
-        self.allocators
-            .lock()
-            .expect("allocators lock")
-            .entry(address.to_string())
-            .or_insert_with(|| Arc::new(LockAllocatorClient::new(address, self.options())))
-            .clone()
+        self.allocators.get(address, || {
+            LockAllocatorClient::new(address, self.options())
+        })
     }
 
     fn query(&self, address: &str) -> Arc<QueryClient> {
         self.queries
-            .lock()
-            .expect("queries lock")
-            .entry(address.to_string())
-            .or_insert_with(|| Arc::new(QueryClient::new(address, self.options())))
-            .clone()
+            .get(address, || QueryClient::new(address, self.options()))
     }
 
     fn log_store(&self, address: &str) -> Arc<LogStoreClient> {
         self.log_stores
-            .lock()
-            .expect("log stores lock")
-            .entry(address.to_string())
-            .or_insert_with(|| Arc::new(LogStoreClient::new(address, self.options())))
-            .clone()
+            .get(address, || LogStoreClient::new(address, self.options()))
     }
 
     /// Whether each replica HAKeeper shows following its shard's leader has caught up: HAKeeper
@@ -971,6 +1014,23 @@ impl KernelClients {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn clients_of_addresses_no_longer_read_are_dropped_and_used_ones_kept() {
+        let pool = ClientPool::<String>::default();
+        let t0 = Instant::now();
+        let first = pool.get_at("10.0.0.1:6003", t0, || "a".into());
+        pool.get_at("10.0.0.2:6003", t0, || "b".into());
+        // The same address hands out the same client (its connection is reused).
+        assert!(Arc::ptr_eq(
+            &first,
+            &pool.get_at("10.0.0.1:6003", t0 + Duration::from_secs(60), || "x".into())
+        ));
+        // 10.0.0.2's pod restarted elsewhere: nothing reads it any more.
+        let later = t0 + CLIENT_IDLE_LIMIT + Duration::from_secs(30);
+        pool.get_at("10.0.0.3:6003", later, || "c".into());
+        assert_eq!(pool.addresses(), ["10.0.0.1:6003", "10.0.0.3:6003"]);
+    }
 
     fn pod(name: &str, component: &str, ip: &str, uid: &str) -> Pod {
         serde_json::from_value(json!({

@@ -219,16 +219,20 @@ async fn read_answers<S: Service>(
 }
 
 /// Buffers a byte stream into frames; never holds more than one frame's worth (bounded by
-/// the body limit) plus one read.
+/// the body limit) plus one read. An idle connection keeps a small buffer: an operator holds
+/// one connection per kernel service of every pod it manages.
 struct FrameReader {
     buffer: Vec<u8>,
     max_body: usize,
 }
 
+/// What an idle connection's buffer shrinks back to after a large frame.
+const IDLE_BUFFER: usize = 1 << 10;
+
 impl FrameReader {
     fn new(max_body: usize) -> FrameReader {
         FrameReader {
-            buffer: Vec::with_capacity(8 << 10),
+            buffer: Vec::with_capacity(IDLE_BUFFER),
             max_body,
         }
     }
@@ -239,14 +243,21 @@ impl FrameReader {
             match frame::decode(&self.buffer, self.max_body) {
                 Ok(Some((frame, used))) => {
                     self.buffer.drain(..used);
+                    if self.buffer.is_empty() && self.buffer.capacity() > 4 * IDLE_BUFFER {
+                        self.buffer = Vec::with_capacity(IDLE_BUFFER);
+                    }
                     return Ok(Some(frame));
                 }
                 Ok(None) => {}
                 Err(e) => return Err(format!("bad frame: {e}")),
             }
-            let mut chunk = [0u8; 16 << 10];
+            // Read into the buffer's spare room (no fixed chunk is kept in the task while it
+            // waits); a full buffer doubles.
+            if self.buffer.len() == self.buffer.capacity() {
+                self.buffer.reserve(self.buffer.capacity().max(IDLE_BUFFER));
+            }
             let n = read
-                .read(&mut chunk)
+                .read_buf(&mut self.buffer)
                 .await
                 .map_err(|e| format!("reading: {e}"))?;
             if n == 0 {
@@ -256,7 +267,6 @@ impl FrameReader {
                     Err("connection ended inside a frame".into())
                 };
             }
-            self.buffer.extend_from_slice(&chunk[..n]);
         }
     }
 }
@@ -344,4 +354,48 @@ async fn serve_connection<S: Service>(
             .map_err(|e| e.to_string())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    #[tokio::test]
+    async fn frames_split_across_reads_decode_and_a_large_one_does_not_keep_its_buffer() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let large: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        let bodies = vec![b"first".to_vec(), large, b"after".to_vec()];
+        let wire: Vec<u8> = bodies
+            .iter()
+            .flat_map(|b| frame::encode(&Frame::message(b.clone(), 1_000, false)))
+            .collect();
+        let writer = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.expect("accept");
+            // Odd-sized writes: frames arrive split at arbitrary points.
+            for piece in wire.chunks(777) {
+                socket.write_all(piece).await.expect("write");
+                socket.flush().await.expect("flush");
+            }
+        });
+        let stream = TcpStream::connect(address).await.expect("connect");
+        let (mut read, _write) = stream.into_split();
+        let mut frames = FrameReader::new(frame::DEFAULT_MAX_BODY);
+        for body in &bodies {
+            let frame = frames
+                .next(&mut read)
+                .await
+                .expect("frame")
+                .expect("not ended");
+            assert_eq!(&frame.body, body);
+        }
+        assert!(
+            frames.buffer.capacity() <= 4 * IDLE_BUFFER,
+            "an idle reader keeps {} bytes",
+            frames.buffer.capacity()
+        );
+        writer.await.expect("writer");
+        assert!(frames.next(&mut read).await.expect("clean end").is_none());
+    }
 }
