@@ -19,18 +19,20 @@ use crate::status;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action as Requeue, Config as ControllerConfig, Controller};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use mo_core::{
     Action, ActionError, ActionOutput, ActionResult, Component, Millis, Policy, PolicyInput,
     PolicyNote, SafeConfig, SafePolicy,
 };
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -58,7 +60,8 @@ pub struct Settings {
     /// The kernel of one cluster is read at most once per this (a burst of watch events does
     /// not become a burst of RPCs).
     pub min_kernel_read_gap: Duration,
-    /// Owned objects are re-applied at least this often (drift repair).
+    /// Owned objects are re-applied at least this often: a safety net, since a change of one
+    /// by anyone is seen by its watch and repaired at once.
     pub reapply_every: Duration,
     /// Identity for events (the pod name in a deployment).
     pub instance: String,
@@ -110,6 +113,12 @@ struct Wakeups {
     /// What the core reads of each node, hashed: node status updates that change none of it
     /// wake nobody.
     nodes: Mutex<BTreeMap<String, u64>>,
+    /// Each owned object's spec as last seen (`kind/namespace/name` → its generation, or its
+    /// version for kinds without one).
+    owned: Mutex<BTreeMap<String, String>>,
+    /// Clusters (`namespace/name`) one of whose owned objects was changed or deleted: their
+    /// next reconcile applies them again.
+    drifted: Mutex<BTreeSet<String>>,
 }
 
 impl Wakeups {
@@ -150,6 +159,49 @@ impl Wakeups {
                 self.wake(cluster);
             }
         }
+    }
+
+    /// An owned object (Service, ConfigMap, StatefulSet, budget) seen by its watch.
+    fn on_owned(&self, kind: &str, meta: &ObjectMeta, deleted: bool) {
+        let (Some(ns), Some(name), Some(cluster)) = (
+            meta.namespace.as_deref(),
+            meta.name.as_deref(),
+            meta.labels
+                .as_ref()
+                .and_then(|l| l.get(resources::LABEL_CLUSTER)),
+        ) else {
+            return;
+        };
+        let key = format!("{kind}/{ns}/{name}");
+        let changed = {
+            let mut owned = self.owned.lock().expect("wakeups lock");
+            if deleted {
+                owned.remove(&key);
+                true
+            } else {
+                let spec = meta
+                    .generation
+                    .map(|g| g.to_string())
+                    .or_else(|| meta.resource_version.clone())
+                    .unwrap_or_default();
+                owned.insert(key, spec.clone()) != Some(spec)
+            }
+        };
+        if changed {
+            self.drifted
+                .lock()
+                .expect("wakeups lock")
+                .insert(format!("{ns}/{cluster}"));
+            self.wake(ObjectRef::new(cluster).within(ns));
+        }
+    }
+
+    /// Whether an owned object of the cluster changed since the last call (and forget it).
+    fn take_drift(&self, ns: &str, name: &str) -> bool {
+        self.drifted
+            .lock()
+            .expect("wakeups lock")
+            .remove(&format!("{ns}/{name}"))
     }
 
     fn answered(&self, ns: &str, name: &str) -> Option<Instant> {
@@ -258,13 +310,15 @@ pub async fn run(
     let woken = futures::stream::unfold(woken, |mut rx| async move {
         rx.recv().await.map(|cluster| (cluster, rx))
     });
+    // Owned objects are watched by their metadata alone (nothing of them is cached): a change
+    // of one by anyone wakes its cluster, which applies them again.
+    watch_owned::<StatefulSet>(&context, managed.clone());
+    watch_owned::<Service>(&context, managed.clone());
+    watch_owned::<ConfigMap>(&context, managed.clone());
+    watch_owned::<PodDisruptionBudget>(&context, managed);
     Controller::new(clusters, watcher::Config::default())
         .with_config(ControllerConfig::default().debounce(context.settings.debounce))
         .reconcile_on(woken)
-        .owns(
-            scoped::<PodDisruptionBudget>(&context.client, namespace),
-            managed,
-        )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context.clone())
         .for_each(|result| {
@@ -275,6 +329,36 @@ pub async fn run(
         })
         .await;
     *context.wakeups.to.lock().expect("wakeups lock") = None;
+}
+
+fn watch_owned<K>(context: &Context, config: watcher::Config)
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let kind = K::kind(&()).to_string();
+    let wakeups = context.wakeups.clone();
+    // Metadata-only requests: the objects themselves are never needed here.
+    let api =
+        scoped::<PartialObjectMeta<K>>(&context.client, context.settings.namespace.as_deref());
+    let stream = watcher(api, config)
+        .default_backoff()
+        .for_each(move |event| {
+            match event {
+                Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => {
+                    wakeups.on_owned(&kind, &m.metadata, false)
+                }
+                Ok(watcher::Event::Delete(m)) => wakeups.on_owned(&kind, &m.metadata, true),
+                _ => {}
+            }
+            futures::future::ready(())
+        });
+    tokio::spawn(stream);
 }
 
 /// The cluster a managed pod belongs to (its label; same namespace).
@@ -483,6 +567,11 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
         }
     };
 
+    if ctx.wakeups.take_drift(&ns, &name) {
+        // Someone changed or deleted an owned object: apply every one again now.
+        state.applied = None;
+        state.budgets = None;
+    }
     let pods = pods_of_cluster(&ctx, &ns, &name);
     ensure_children(&cluster, &templates, config_map, &pods, &mut state, &ctx).await?;
 

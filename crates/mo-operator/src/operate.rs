@@ -445,7 +445,7 @@ pub async fn run(args: Args) -> Result<()> {
         idle_tick: args.idle_tick,
         debounce: args.debounce,
         min_kernel_read_gap: args.min_kernel_read_gap,
-        reapply_every: Duration::from_secs(60),
+        reapply_every: Duration::from_secs(600),
         instance: identity,
         namespace: args.watch_namespace.clone(),
         drain_hook,

@@ -67,6 +67,76 @@ async fn a_bad_spec_is_refused_by_the_api_server_naming_the_field() {
 }
 
 #[tokio::test]
+async fn owned_objects_changed_or_deleted_by_hand_are_restored_at_once() {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use kube::api::{Patch, PatchParams};
+    let t = TestNs::new("e2e-drift").await;
+    let _operator = t.operator("op-a");
+    t.create("mo", small_cluster("v1")).await.expect("create");
+    t.wait_ready("mo", READY_LIMIT).await;
+    let sets: Api<StatefulSet> = Api::namespaced(t.client.clone(), &t.ns);
+    let services: Api<Service> = Api::namespaced(t.client.clone(), &t.ns);
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(t.client.clone(), &t.ns);
+    let image = |s: &StatefulSet| {
+        s.spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(|p| p.containers[0].image.clone())
+    };
+    let log_set = sets.get("mo-log").await.expect("log set");
+    let original = image(&log_set);
+    assert!(original.is_some());
+    let container = log_set
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .map(|p| p.containers[0].name.clone())
+        .expect("container");
+    let cn_budget = pdbs.get("mo-cn").await.expect("cn budget");
+    // Someone edits the LOG set's image and deletes the SQL Service and the CN budget: a
+    // calm cluster, with the periodic re-apply minutes away.
+    let tamper = serde_json::json!({"spec": {"template": {"spec": {"containers": [
+        {"name": container, "image": "tampered:1"}
+    ]}}}});
+    sets.patch(
+        "mo-log",
+        &PatchParams::default(),
+        &Patch::Strategic(&tamper),
+    )
+    .await
+    .expect("tamper");
+    assert_eq!(
+        image(&sets.get("mo-log").await.expect("log set")).as_deref(),
+        Some("tampered:1")
+    );
+    services
+        .delete("mo-sql", &Default::default())
+        .await
+        .expect("delete service");
+    pdbs.delete("mo-cn", &Default::default())
+        .await
+        .expect("delete budget");
+    let started = std::time::Instant::now();
+    wait_for(
+        "every owned object restored",
+        Duration::from_secs(30),
+        || async {
+            let set = sets.get("mo-log").await.ok()?;
+            let service = services.get_opt("mo-sql").await.ok()??;
+            let budget = pdbs.get_opt("mo-cn").await.ok()??;
+            (image(&set) == original
+                && service.metadata.uid.is_some()
+                && budget.spec == cn_budget.spec)
+                .then_some(())
+        },
+    )
+    .await;
+    println!("restored in {:.1} s", started.elapsed().as_secs_f64());
+}
+
+#[tokio::test]
 async fn a_cluster_becomes_ready_scales_out_and_in_through_the_drain_arbiter_and_is_cleaned_up() {
     let t = TestNs::new("e2e-lifecycle").await;
     // Installed from the Helm chart: its RBAC, ServiceAccount and the Deployment's arguments.
