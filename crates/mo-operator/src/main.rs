@@ -17,6 +17,11 @@ use mo_sim::{RunOptions, Scenario, Simulation};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
+/// mimalloc returns freed memory to the system where glibc's malloc kept the operator's
+/// resident memory at its high-water mark after a burst (many clusters created at once).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "mo-operator",
