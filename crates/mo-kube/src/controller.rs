@@ -13,7 +13,7 @@ use crate::events::{EventPublisher, EventType};
 use crate::kernel::KernelClients;
 use crate::kernel_config;
 use crate::metrics::{ActionLabels, ClusterLabels, DrainLabels, Metrics};
-use crate::observation::{self, cluster_pods, component_of};
+use crate::observation::{self, component_of};
 use crate::resources::{self, LABEL_CLUSTER, LABEL_PREPULL};
 use crate::status;
 use futures::StreamExt;
@@ -575,7 +575,7 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
     let pods = pods_of_cluster(&ctx, &ns, &name);
     ensure_children(&cluster, &templates, config_map, &pods, &mut state, &ctx).await?;
 
-    let nodes: Vec<Node> = ctx.nodes.state().iter().map(|n| (**n).clone()).collect();
+    let nodes: Vec<Arc<Node>> = ctx.nodes.state();
     let intervals = kernel_config::heartbeat_intervals(&cluster);
     if let Some(last) = state.kernel_read_at {
         // Wait rather than reuse: a reading is as old as the decision it feeds.
@@ -719,7 +719,8 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
 }
 
 /// The cluster's pods as the cache has them.
-pub(crate) fn pods_of_cluster(ctx: &Context, ns: &str, name: &str) -> Vec<Pod> {
+/// The cluster's pods, shared with the cache (a reconcile never copies them).
+pub(crate) fn pods_of_cluster(ctx: &Context, ns: &str, name: &str) -> Vec<Arc<Pod>> {
     ctx.pods
         .state()
         .iter()
@@ -732,7 +733,7 @@ pub(crate) fn pods_of_cluster(ctx: &Context, ns: &str, name: &str) -> Vec<Pod> {
                 .map(String::as_str)
                 == Some(name)
         })
-        .map(|p| (**p).clone())
+        .cloned()
         .collect()
 }
 
@@ -837,7 +838,7 @@ async fn ensure_children(
     cluster: &MatrixOneCluster,
     templates: &BTreeMap<String, String>,
     config: ConfigMap,
-    pods: &[Pod],
+    pods: &[Arc<Pod>],
     state: &mut ClusterState,
     ctx: &Context,
 ) -> Result<(), Error> {
@@ -931,7 +932,7 @@ async fn ensure_children(
 async fn protect(
     ctx: &Context,
     cluster: &MatrixOneCluster,
-    pods: &[Pod],
+    pods: &[Arc<Pod>],
     protection: &crate::protection::Protection,
     applied: &mut Option<BTreeMap<Component, crate::protection::Budget>>,
 ) -> Result<(), Error> {
@@ -1010,7 +1011,7 @@ async fn execute(
     ctx: &Context,
     cluster: &MatrixOneCluster,
     templates: &BTreeMap<String, String>,
-    pods: &[Pod],
+    pods: &[Arc<Pod>],
     action: &Action,
 ) -> Result<ActionOutput, ActionError> {
     let ns = cluster.namespace().unwrap_or_default();
@@ -1026,7 +1027,7 @@ async fn execute(
             let component = pods
                 .iter()
                 .find(|p| p.metadata.name.as_deref() == Some(pod.as_str()))
-                .and_then(component_of)
+                .and_then(|p| component_of(p))
                 .ok_or_else(|| ActionError::DoesNotExist(format!("pod {pod}")))?;
             if component != Component::Cn {
                 // The workload recreates the pod from its template: the new version first.
@@ -1222,11 +1223,6 @@ const DRAIN_STAGES: [&str; 6] = [
     "Released",
     "Cancelling",
 ];
-
-/// The pods of a cluster as the controller's cache sees them (for tests and tools).
-pub fn pods_of<'a>(cluster: &str, pods: &'a [Pod]) -> Vec<&'a Pod> {
-    cluster_pods(cluster, pods).collect()
-}
 
 #[cfg(test)]
 mod tests {

@@ -271,8 +271,8 @@ async fn review_inner(
     let mut pods = pods_of_cluster(ctx, namespace, &cluster_name);
     // This pod as read above, not as cached.
     pods.retain(|p| p.metadata.name.as_deref() != Some(name));
-    pods.push(pod.clone());
-    let nodes: Vec<_> = ctx.nodes.state().iter().map(|n| (**n).clone()).collect();
+    pods.push(Arc::new(pod.clone()));
+    let nodes = ctx.nodes.state();
     let intervals = kernel_config::heartbeat_intervals(&cluster);
     let kernel = ctx
         .kernel

@@ -690,7 +690,7 @@ impl KernelClients {
         &self,
         namespace: &str,
         cluster: &str,
-        pods: &[Pod],
+        pods: &[Arc<Pod>],
         intervals: &HeartbeatIntervals,
     ) -> KernelView {
         let pods: Vec<&Pod> = cluster_pods(cluster, pods).collect();
@@ -952,7 +952,7 @@ impl KernelClients {
         &self,
         namespace: &str,
         cluster: &str,
-        pods: &[Pod],
+        pods: &[Arc<Pod>],
         action: &Action,
     ) -> Result<ActionOutput, ActionError> {
         let pods: Vec<&Pod> = cluster_pods(cluster, pods).collect();

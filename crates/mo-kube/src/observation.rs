@@ -12,10 +12,11 @@ use mo_core::{
     RemovalReason, RemovalRequest, UpgradeSpec,
 };
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// The MatrixOne pods of `cluster` among `pods` (pre-pull pods excluded).
-pub fn cluster_pods<'a>(cluster: &str, pods: &'a [Pod]) -> impl Iterator<Item = &'a Pod> {
-    pods.iter().filter(move |p| {
+pub fn cluster_pods<'a>(cluster: &str, pods: &'a [Arc<Pod>]) -> impl Iterator<Item = &'a Pod> {
+    pods.iter().map(|p| &**p).filter(move |p| {
         let labels = p.metadata.labels.as_ref();
         labels
             .and_then(|l| l.get(LABEL_CLUSTER))
@@ -134,7 +135,7 @@ fn pod_observation(pod: &Pod, component: Component) -> PodObservation {
 
 /// CN pods the spec no longer asks for (a group scaled in or removed): removal requests, each
 /// bound to the pod object it names.
-pub fn removals(cluster: &MatrixOneCluster, pods: &[Pod], now: Millis) -> Vec<RemovalRequest> {
+pub fn removals(cluster: &MatrixOneCluster, pods: &[Arc<Pod>], now: Millis) -> Vec<RemovalRequest> {
     let name = cluster.metadata.name.clone().unwrap_or_default();
     let wanted: Vec<String> = cluster
         .spec
@@ -168,8 +169,8 @@ pub fn removals(cluster: &MatrixOneCluster, pods: &[Pod], now: Millis) -> Vec<Re
 pub fn build(
     now: Millis,
     cluster: &MatrixOneCluster,
-    pods: &[Pod],
-    nodes: &[Node],
+    pods: &[Arc<Pod>],
+    nodes: &[Arc<Node>],
     kernel: KernelView,
     strategy: mo_core::Strategy,
     heartbeat_intervals: mo_core::HeartbeatIntervals,
@@ -184,7 +185,7 @@ pub fn build(
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
     };
-    let node_name = |n: &Node| n.metadata.name.clone().unwrap_or_default();
+    let node_name = |n: &Arc<Node>| n.metadata.name.clone().unwrap_or_default();
     let repository = format!("{}:", cluster.spec.image);
     let node_images: BTreeMap<String, Vec<String>> = nodes
         .iter()
@@ -282,7 +283,10 @@ mod tests {
             pod("mo-tp-0", "cn", true, "matrixorigin/matrixone:v2"),
             pod("mo-tp-1", "cn", false, "matrixorigin/matrixone:v1"),
             pod("other-tp-0", "cn", true, "matrixorigin/matrixone:v1"),
-        ];
+        ]
+        .into_iter()
+        .map(Arc::new)
+        .collect::<Vec<_>>();
         let kernel = KernelView::unreachable(ObservationError::Timeout("admin".into()));
         let obs = build(
             Millis(5),

@@ -8,6 +8,7 @@
 use crate::crd::MatrixOneCluster;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 /// Texts the kernel (its S3 client, `pkg/fileservice`) prints when it cannot use the bucket.
 const STORAGE_ERRORS: [&str; 8] = [
@@ -49,7 +50,11 @@ fn statuses(pod: &Pod) -> impl Iterator<Item = &ContainerStatus> {
 
 /// Problems, each starting with the spec field to fix. `missing_classes`: storage classes the
 /// spec names that the API server does not have.
-pub fn find(cluster: &MatrixOneCluster, pods: &[Pod], missing_classes: &[String]) -> Vec<String> {
+pub fn find(
+    cluster: &MatrixOneCluster,
+    pods: &[Arc<Pod>],
+    missing_classes: &[String],
+) -> Vec<String> {
     let mut found = BTreeSet::new();
     for (field, class) in storage_classes(cluster) {
         if missing_classes.contains(&class) {
@@ -164,7 +169,7 @@ mod tests {
             "name": "main", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
             "state": {"waiting": {"reason": "CreateContainerConfigError",
                 "message": "secret \"s3-keys\" not found"}}}]}));
-        let problems = find(&c, &[missing_secret], &[]);
+        let problems = find(&c, &[Arc::new(missing_secret)], &[]);
         assert_eq!(problems.len(), 1);
         assert!(
             problems[0].starts_with("spec.sharedStorage.s3.credentialsSecret: mo-log-0"),
@@ -175,7 +180,7 @@ mod tests {
             "state": {"waiting": {"reason": "CrashLoopBackOff"}},
             "lastState": {"terminated": {"exitCode": 2, "message":
                 "starting\npanic: NoSuchBucket: The specified bucket does not exist\n"}}}]}));
-        let problems = find(&c, &[no_bucket], &[]);
+        let problems = find(&c, &[Arc::new(no_bucket)], &[]);
         assert!(
             problems
                 .iter()
@@ -185,6 +190,6 @@ mod tests {
         let healthy = pod(serde_json::json!({"containerStatuses": [{
             "name": "main", "image": "x", "imageID": "", "ready": true, "restartCount": 0,
             "state": {"running": {}}}]}));
-        assert!(find(&c, &[healthy], &[]).is_empty());
+        assert!(find(&c, &[Arc::new(healthy)], &[]).is_empty());
     }
 }

@@ -13,6 +13,7 @@ use mo_core::drain::{DrainPurpose, DrainStage};
 use mo_core::rollout::{Rollout, RolloutStatus, Step};
 use mo_core::{Component, Observation, Policy, SafePolicy};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
@@ -133,7 +134,7 @@ pub fn build(
     observation: &Observation,
     policy: &SafePolicy,
     templates: &BTreeMap<String, String>,
-    pods: &[Pod],
+    pods: &[Arc<Pod>],
     problems: &[String],
 ) -> MatrixOneClusterStatus {
     let generation = cluster.metadata.generation;

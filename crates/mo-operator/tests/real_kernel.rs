@@ -1059,7 +1059,14 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
             .as_ref()?
             .iter()
             .find(|c| c.type_ == "Ready" && c.status == "True")?;
-        Some(ready.last_transition_time.as_ref()?.0.as_millisecond().max(0) as u64)
+        Some(
+            ready
+                .last_transition_time
+                .as_ref()?
+                .0
+                .as_millisecond()
+                .max(0) as u64,
+        )
     };
     let mut restarts_ms = 0;
     let mut restarted = 0;
