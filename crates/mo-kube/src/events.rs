@@ -31,12 +31,21 @@ impl EventType {
     }
 }
 
+/// An event's identity; the note is kept as its hash (notes are long, and many are tracked
+/// for a while after a burst).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Key {
     regarding_uid: String,
     type_: EventType,
     reason: String,
-    note: String,
+    note: u64,
+}
+
+fn note_hash(note: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    note.hash(&mut hasher);
+    hasher.finish()
 }
 
 #[derive(Clone, Debug)]
@@ -124,7 +133,7 @@ impl EventPublisher {
             regarding_uid: regarding.uid.clone().unwrap_or_default(),
             type_,
             reason: reason.into(),
-            note: note.into(),
+            note: note_hash(note),
         };
         let now = Timestamp::now();
         let send = self
@@ -180,7 +189,7 @@ mod tests {
             regarding_uid: "c-uid".into(),
             type_: EventType::Normal,
             reason: "Holding".into(),
-            note: note.into(),
+            note: note_hash(note),
         }
     }
 
