@@ -266,22 +266,44 @@ async fn the_kernel_facts_the_engine_relies_on_hold_on_the_real_kernel() {
         .await
         .expect("prepare");
 
-    // 1. An idle CN lists the kernel's own sessions, never zero; only clients count.
-    let query =
-        mo_rpc::QueryClient::new(format!("{}:19998", pod_ip(&t, "mo-ap-0").await), options());
-    // The kernel opens them once its background work starts, which can be after the operator
-    // (woken by the pods' Ready at once) has declared the cluster Ready.
-    let sessions = wait_for(
-        "an idle CN lists internal sessions",
-        Duration::from_secs(60),
+    // 1. An idle cluster's CNs list the kernel's own sessions, and only clients count. The
+    // kernel's background SQL (task storage, the trace writer) connects to one Working CN that
+    // HAKeeper lists (`util/cn_address_func.go`: the last one, or a random one), so the sessions
+    // can be on either CN, and only once that background work starts, which can be after the
+    // operator (woken by the pods' Ready at once) has declared the cluster Ready.
+    let mut queries = Vec::new();
+    for cn in ["mo-ap-0", "mo-tp-0"] {
+        let address = format!("{}:19998", pod_ip(&t, cn).await);
+        queries.push((cn, mo_rpc::QueryClient::new(address, options())));
+    }
+    let (cn, sessions) = wait_for(
+        "internal sessions on a CN of the idle cluster",
+        Duration::from_secs(180),
         || async {
-            let sessions = query.show_process_list().await.ok()?;
-            (!sessions.is_empty()).then_some(sessions)
+            for (cn, query) in &queries {
+                let sessions = match query.show_process_list().await {
+                    Ok(sessions) => sessions,
+                    Err(e) => {
+                        println!("ShowProcessList on {cn}: {e}");
+                        continue;
+                    }
+                };
+                assert_eq!(
+                    mo_kube::kernel::client_sessions(&sessions),
+                    0,
+                    "no client has connected to {cn} yet: {sessions:?}"
+                );
+                if !sessions.is_empty() {
+                    return Some((*cn, sessions));
+                }
+            }
+            None
         },
     )
     .await;
     let users: BTreeSet<String> = sessions.iter().map(|s| s.user.clone()).collect();
-    assert_eq!(mo_kube::kernel::client_sessions(&sessions), 0, "{users:?}");
+    println!("internal sessions on {cn}: users {users:?}");
+    let query = &queries[0].1;
     let held = mo_sqlload::hold_row_lock(&ap, "facts", "f1", 1)
         .await
         .expect("a client session on ap-0");
