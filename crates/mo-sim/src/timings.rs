@@ -90,6 +90,12 @@ pub struct Timings {
 
     // --- Operator ---
     pub operator_tick: Dur,
+    /// How soon the safe policy decides again after a decision that acted or changed its
+    /// progress record, and after a pod change a watch reports (its controller reconciles on
+    /// its own status change and on pod watch events, at most once per
+    /// `--min-kernel-read-gap`, 100 ms). 0: the tick only. The legacy and fixed-window models
+    /// keep the 1 s tick they were calibrated with.
+    pub operator_reaction: Dur,
 }
 
 impl Default for Timings {
@@ -138,6 +144,7 @@ impl Default for Timings {
             proxy_start: Dur::secs(3),
             proxy_shutdown: Dur::ms(500),
             operator_tick: Dur::secs(1),
+            operator_reaction: Dur::ms(100),
         }
     }
 }

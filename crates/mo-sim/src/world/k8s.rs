@@ -119,6 +119,7 @@ impl Simulation {
             format!("running on {node} ({version})")
         });
         self.log("k8s", || format!("{name} running on {node} ({version})"));
+        self.wake_operator();
         self.start_process(p);
     }
 
@@ -163,9 +164,11 @@ impl Simulation {
             why: why.to_string(),
         });
         self.pods[p].ready = false;
+        self.wake_operator();
         let name = self.pods[p].name.clone();
         self.trace(&name, "deleted", || why.to_string());
         self.log("k8s", || format!("{name} deleted ({why})"));
+        self.wake_operator();
         if !self.pods[p].process_alive {
             self.pod_gone(p);
         } else {
@@ -182,6 +185,7 @@ impl Simulation {
         let epoch = pod.epoch;
         self.pods[p].sigterm_sent = true;
         self.pods[p].ready = false;
+        self.wake_operator();
         let name = self.pods[p].name.clone();
         self.trace(&name, "sigterm", || "SIGTERM".into());
         self.log("kubelet", || format!("{name}: SIGTERM"));
@@ -243,6 +247,7 @@ impl Simulation {
         let name = self.pods[p].name.clone();
         self.trace(&name, "crash", || "process died".into());
         self.pods[p].ready = false;
+        self.wake_operator();
         match self.pods[p].component {
             Component::Log => {
                 let name = self.pods[p].name.clone();
@@ -272,6 +277,7 @@ impl Simulation {
     fn process_stopped(&mut self, p: PodId) {
         self.pods[p].process_alive = false;
         self.pods[p].ready = false;
+        self.wake_operator();
         match self.pods[p].component {
             Component::Cn => self.cn_process_exited(p),
             Component::Proxy => self.proxy_process_exited(p),
@@ -329,6 +335,7 @@ impl Simulation {
         let deletion = self.pods[p].deletion.clone();
         self.pods[p].status = PodStatus::Gone;
         self.pods[p].ready = false;
+        self.wake_operator();
         let name = self.pods[p].name.clone();
         if self.pod_by_name.get(&name) == Some(&p) {
             self.pod_by_name.remove(&name);
@@ -337,6 +344,7 @@ impl Simulation {
         self.removals.retain(|r| r.pod != name);
         self.trace(&name, "gone", || "gone".into());
         self.log("k8s", || format!("{name} gone"));
+        self.wake_operator();
         if removed {
             self.cns.remove(&p);
             return;

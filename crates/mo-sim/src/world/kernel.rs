@@ -37,6 +37,7 @@ impl Simulation {
         // LOG has no readiness probe: Ready means "container started", long before the
         // replicas have rejoined and caught up (the gap behind incident 002).
         self.pods[p].ready = true;
+        self.wake_operator();
         let store = self.pods[p].name.clone();
         for s in 0..self.shards.len() {
             for r in 0..self.shards[s].replicas.len() {
@@ -534,6 +535,7 @@ impl Simulation {
         self.tn.allocator.checks_since = self.now;
         let p = self.tn.pod;
         self.pods[p].ready = true;
+        self.wake_operator();
         self.log("tn", || "running".into());
         // Every CN's next keepalive reaches an allocator that does not know it: refused, so
         // the CN drops the lock tables it owned (`lock_table_keeper.go` `doKeepLockTableBind`).
@@ -714,6 +716,7 @@ impl Simulation {
         cn.phase = CnPhase::Running;
         cn.lock_open = true;
         self.pods[p].ready = true;
+        self.wake_operator();
         if self
             .tn
             .allocator
@@ -833,6 +836,7 @@ impl Simulation {
         if self.proxies.get(&p).is_some_and(|x| x.epoch == epoch) && self.pods[p].process_alive {
             self.proxies.get_mut(&p).expect("checked").running = true;
             self.pods[p].ready = true;
+            self.wake_operator();
             // It loads the CN list at start, then every `proxy_refresh` on its own timer.
             self.refresh_proxy(p);
             self.update_route_state();

@@ -116,6 +116,8 @@ pub(crate) struct CnGroup {
 pub(crate) enum Ev {
     Scenario(usize),
     OperatorTick,
+    /// A decision sooner than the next tick (see `Timings::operator_reaction`).
+    OperatorWake,
     HeartbeatTick,
     /// One proxy's CN-list refresh (each on its own timer from its start).
     ProxyRefresh(PodId, u64),
@@ -588,6 +590,8 @@ pub struct Simulation {
     pub(crate) pulls: BTreeMap<(usize, String), Millis>,
     pub(crate) versions: Vec<String>,
     pub(crate) policy_record: Option<String>,
+    /// An `OperatorWake` is scheduled.
+    pub(crate) wake_pending: bool,
     pub(crate) crash_pending: Option<bool>,
     pub(crate) operator_restarts: u64,
     pub(crate) check_invariants: bool,
@@ -734,6 +738,7 @@ impl Simulation {
             pulls: BTreeMap::new(),
             versions: Vec::new(),
             policy_record: None,
+            wake_pending: false,
             crash_pending: None,
             operator_restarts: 0,
             check_invariants: options.check_invariants,
@@ -1095,6 +1100,10 @@ impl Simulation {
                 self.operator_tick();
                 self.after(self.t.operator_tick, Ev::OperatorTick);
             }
+            Ev::OperatorWake => {
+                self.wake_pending = false;
+                self.operator_tick();
+            }
             Ev::HeartbeatTick => {
                 self.heartbeat_tick();
                 self.after(self.t.heartbeat, Ev::HeartbeatTick);
@@ -1435,7 +1444,11 @@ impl Simulation {
             results: &results,
         });
         // Recorded before acted on.
-        self.policy_record = self.policy.progress_record();
+        let record = self.policy.progress_record();
+        if !decision.actions.is_empty() || record != self.policy_record {
+            self.wake_operator();
+        }
+        self.policy_record = record;
         for note in decision.notes {
             self.record_note(note);
         }
@@ -1459,6 +1472,19 @@ impl Simulation {
 
     /// The operator process dies and a new one starts from the persisted progress record.
     /// With `drop_pending_actions` it died after recording its decision but before acting.
+    /// The safe policy's controller reconciles again soon after a change (its own or a pod's
+    /// seen by a watch); several changes before it does wake it once.
+    pub(crate) fn wake_operator(&mut self) {
+        if self.wake_pending
+            || self.t.operator_reaction.millis() == Millis::ZERO
+            || self.policy.name() != "safe"
+        {
+            return;
+        }
+        self.wake_pending = true;
+        self.after(self.t.operator_reaction, Ev::OperatorWake);
+    }
+
     fn restart_operator(&mut self, drop_pending_actions: bool, pending: usize) {
         self.operator_restarts += 1;
         let record = self.policy_record.clone();
