@@ -14,14 +14,16 @@ where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    cache_with(api, config, |_| {})
+    cache_with(api, config, |_| {}, |_| {})
 }
 
-/// [`cache`], calling `touched` with every object the watch reports changed (after the store
-/// has it): one watch feeds both the store and whoever reacts to changes.
+/// [`cache`], keeping only what `trim` leaves of each object, and calling `touched` with every
+/// object the watch reports changed (after the store has it): one watch feeds both the store
+/// and whoever reacts to changes.
 pub fn cache_with<K>(
     api: Api<K>,
     config: watcher::Config,
+    trim: impl Fn(&mut K) + Send + 'static,
     touched: impl Fn(&K) + Send + 'static,
 ) -> Store<K>
 where
@@ -32,7 +34,10 @@ where
     // Field ownership is never read from a cached object; it is often the largest part of it.
     let stream = reflector(
         writer,
-        watcher(api, config).modify(|object: &mut K| object.managed_fields_mut().clear()),
+        watcher(api, config).modify(move |object: &mut K| {
+            object.managed_fields_mut().clear();
+            trim(object);
+        }),
     )
     .default_backoff()
     .touched_objects()

@@ -267,12 +267,14 @@ impl Context {
         let pods = crate::cache::cache_with(
             scoped::<Pod>(&client, settings.namespace.as_deref()),
             watcher::Config::default().labels(&pod_selector),
+            crate::observation::trim_pod,
             move |pod| on_pod.on_pod(pod),
         );
         let (on_node, pods_by_node) = (wakeups.clone(), pods.clone());
         let nodes = crate::cache::cache_with(
             Api::<Node>::all(client.clone()),
             watcher::Config::default(),
+            crate::observation::trim_node,
             move |node| on_node.on_node(node, &pods_by_node),
         );
         let _ = pods.wait_until_ready().await;
@@ -316,7 +318,17 @@ pub async fn run(
     watch_owned::<Service>(&context, managed.clone());
     watch_owned::<ConfigMap>(&context, managed.clone());
     watch_owned::<PodDisruptionBudget>(&context, managed);
-    Controller::new(clusters, watcher::Config::default())
+    // The clusters' own cache, without field ownership (most of a cluster object once its
+    // status has been written a few times; never read).
+    let (reader, writer) = kube::runtime::reflector::store();
+    let clusters = kube::runtime::reflector(
+        writer,
+        watcher(clusters, watcher::Config::default())
+            .modify(|cluster: &mut MatrixOneCluster| cluster.managed_fields_mut().clear()),
+    )
+    .default_backoff()
+    .applied_objects();
+    Controller::for_stream(clusters, reader)
         .with_config(ControllerConfig::default().debounce(context.settings.debounce))
         .reconcile_on(woken)
         .graceful_shutdown_on(shutdown)

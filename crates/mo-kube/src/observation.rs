@@ -42,6 +42,59 @@ pub fn is_ready(pod: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// What the operator keeps of a cached pod: its metadata, its status, and of its spec only the
+/// node and each container's name and image (what the observation, the problems and the
+/// disruption reviews read). The rest of the spec (environment, volumes, probes, affinity) is
+/// most of a pod and read from the StatefulSets the operator renders, never from the pod.
+pub fn trim_pod(pod: &mut Pod) {
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
+    let Some(spec) = pod.spec.take() else {
+        return;
+    };
+    let slim = |containers: Vec<Container>| -> Vec<Container> {
+        containers
+            .into_iter()
+            .map(|c| Container {
+                name: c.name,
+                image: c.image,
+                ..Container::default()
+            })
+            .collect()
+    };
+    pod.spec = Some(PodSpec {
+        node_name: spec.node_name,
+        containers: slim(spec.containers),
+        init_containers: spec.init_containers.map(slim),
+        ..PodSpec::default()
+    });
+}
+
+/// What the operator keeps of a cached node: its name, labels and deletion, whether it takes
+/// pods (cordon, taints), its conditions and the names of the images it holds. Its capacity,
+/// addresses, annotations, system info and attached volumes are never read.
+pub fn trim_node(node: &mut Node) {
+    use k8s_openapi::api::core::v1::{ContainerImage, NodeSpec, NodeStatus};
+    node.metadata.annotations = None;
+    node.spec = node.spec.take().map(|spec| NodeSpec {
+        unschedulable: spec.unschedulable,
+        taints: spec.taints,
+        ..NodeSpec::default()
+    });
+    node.status = node.status.take().map(|status| NodeStatus {
+        conditions: status.conditions,
+        images: status.images.map(|images| {
+            images
+                .into_iter()
+                .map(|image| ContainerImage {
+                    names: image.names,
+                    size_bytes: None,
+                })
+                .collect()
+        }),
+        ..NodeStatus::default()
+    });
+}
+
 /// The version the container runs: the kubelet's report when there is one, else the spec.
 pub fn running_version(pod: &Pod) -> String {
     pod.status
@@ -312,6 +365,113 @@ mod tests {
         assert_eq!(
             obs.desired.upgrade.expect("always set").target_version,
             "v2"
+        );
+    }
+
+    #[test]
+    fn a_trimmed_pod_observes_as_the_whole_pod_and_keeps_a_fraction_of_it() {
+        let c = cluster(2);
+        let mut full = crate::resources::cn_pod(&c, "tp", 0, "v2", None);
+        full.metadata.uid = Some("uid-mo-tp-0".into());
+        full.spec.as_mut().expect("spec").node_name = Some("node-1".into());
+        full.status = Some(
+            serde_json::from_value(serde_json::json!({
+                "phase": "Running", "podIP": "10.0.0.7",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "initContainerStatuses": [{"name": "install-hook", "image": "op:1", "imageID": "",
+                    "ready": true, "restartCount": 0}],
+                "containerStatuses": [{"name": "main", "image": "matrixorigin/matrixone:v2",
+                    "imageID": "", "ready": true, "restartCount": 3,
+                    "state": {"running": {"startedAt": "2026-12-06T10:00:00Z"}}}]
+            }))
+            .expect("status"),
+        );
+        let mut trimmed = full.clone();
+        trim_pod(&mut trimmed);
+        let observe = |pod: &Pod| {
+            build(
+                Millis(5),
+                &c,
+                &[Arc::new(pod.clone())],
+                &[],
+                KernelView::unreachable(ObservationError::Timeout("admin".into())),
+                mo_core::Strategy::default_order(),
+                mo_core::HeartbeatIntervals::default(),
+            )
+        };
+        assert_eq!(observe(&trimmed), observe(&full));
+        assert_eq!(spec_version(&trimmed), "v2");
+        assert_eq!(container_instance(&trimmed), container_instance(&full));
+        assert_eq!(
+            crate::problems::find(&c, &[Arc::new(trimmed.clone())], &[]),
+            crate::problems::find(&c, &[Arc::new(full.clone())], &[])
+        );
+        // Of the spec (without the defaults an API server adds), a small part is kept.
+        let size = |pod: &Pod| serde_json::to_vec(&pod.spec).expect("json").len();
+        assert!(
+            size(&trimmed) * 4 < size(&full),
+            "spec trimmed to {} of {} bytes",
+            size(&trimmed),
+            size(&full)
+        );
+    }
+
+    #[test]
+    fn a_trimmed_node_observes_as_the_whole_node() {
+        let node = |name: &str, ready: &str, cordoned: bool| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "labels": {"zone": "a"},
+                    "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+                "spec": {"unschedulable": cordoned, "podCIDR": "10.0.0.0/24",
+                    "taints": [{"key": "k", "effect": "NoSchedule"}]},
+                "status": {
+                    "conditions": [{"type": "Ready", "status": ready}],
+                    "capacity": {"cpu": "8", "memory": "32Gi"},
+                    "addresses": [{"type": "InternalIP", "address": "10.1.1.1"}],
+                    "nodeInfo": {"architecture": "amd64", "bootID": "b", "containerRuntimeVersion": "c",
+                        "kernelVersion": "k", "kubeProxyVersion": "", "kubeletVersion": "v1",
+                        "machineID": "m", "operatingSystem": "linux", "osImage": "o", "systemUUID": "s"},
+                    "images": [
+                        {"names": ["matrixorigin/matrixone:v2", "matrixorigin/matrixone@sha256:1"], "sizeBytes": 100},
+                        {"names": ["other:1"], "sizeBytes": 5}
+                    ]
+                }
+            }))
+            .expect("node")
+        };
+        let nodes = [
+            node("n1", "True", false),
+            node("n2", "False", false),
+            node("n3", "True", true),
+        ];
+        let trimmed: Vec<Node> = nodes
+            .iter()
+            .cloned()
+            .map(|mut n| {
+                trim_node(&mut n);
+                n
+            })
+            .collect();
+        let observe = |nodes: &[Node]| {
+            let nodes: Vec<Arc<Node>> = nodes.iter().cloned().map(Arc::new).collect();
+            build(
+                Millis(5),
+                &cluster(1),
+                &[],
+                &nodes,
+                KernelView::unreachable(ObservationError::Timeout("admin".into())),
+                mo_core::Strategy::default_order(),
+                mo_core::HeartbeatIntervals::default(),
+            )
+        };
+        let whole = observe(&nodes);
+        assert_eq!(observe(&trimmed), whole);
+        assert_eq!(whole.not_ready_nodes, vec!["n2".to_string()]);
+        assert_eq!(whole.unschedulable_nodes.len(), 2);
+        assert!(
+            trimmed
+                .iter()
+                .all(|n| n.status.as_ref().expect("status").capacity.is_none())
         );
     }
 }

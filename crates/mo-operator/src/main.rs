@@ -1,5 +1,6 @@
 //! `mo-operator`: the MatrixOne operator. Without a cluster it runs on the embedded simulator.
 
+mod allocator;
 mod campaign;
 mod cluster_status;
 mod crd_docs;
@@ -16,11 +17,6 @@ use clap::{Parser, Subcommand};
 use mo_sim::{RunOptions, Scenario, Simulation};
 use std::io::IsTerminal;
 use std::path::PathBuf;
-
-/// mimalloc returns freed memory to the system where glibc's malloc kept the operator's
-/// resident memory at its high-water mark after a burst (many clusters created at once).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(
@@ -123,6 +119,9 @@ fn main() -> Result<()> {
         std::process::exit(kubelet::exec::main(args));
     }
     let long_running = matches!(cli.command, Command::Run(_) | Command::Kubelet(_));
+    if long_running {
+        allocator::return_memory_eagerly();
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(if long_running { "info" } else { "warn" })
     });
