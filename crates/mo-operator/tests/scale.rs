@@ -1,6 +1,7 @@
 //! Operator footprint with 50 clusters (`MO_SCALE_CLUSTERS`, e.g. 200) on the test control
 //! plane (a measurement, run on demand):
-//! `cargo test --release -p mo-operator --test scale -- --ignored --nocapture`.
+//! `cargo test --profile dist -p mo-operator --test scale -- --ignored --nocapture` (the profile
+//! the image ships).
 //! Writes `target/figures/operator-<N>-clusters.json`: time to Ready, RSS, reconcile latency in
 //! the steady state, and the reaction time from a watch event to the reconcile's actions (over
 //! the whole run, and in the steady state when a proxy is taken out of its Service by hand).
