@@ -168,7 +168,6 @@ impl Simulation {
         let name = self.pods[p].name.clone();
         self.trace(&name, "deleted", || why.to_string());
         self.log("k8s", || format!("{name} deleted ({why})"));
-        self.wake_operator();
         if !self.pods[p].process_alive {
             self.pod_gone(p);
         } else {
@@ -344,7 +343,6 @@ impl Simulation {
         self.removals.retain(|r| r.pod != name);
         self.trace(&name, "gone", || "gone".into());
         self.log("k8s", || format!("{name} gone"));
-        self.wake_operator();
         if removed {
             self.cns.remove(&p);
             return;
