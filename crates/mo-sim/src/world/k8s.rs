@@ -163,8 +163,7 @@ impl Simulation {
             recreate,
             why: why.to_string(),
         });
-        self.pods[p].ready = false;
-        self.wake_operator();
+        self.set_ready(p, false);
         let name = self.pods[p].name.clone();
         self.trace(&name, "deleted", || why.to_string());
         self.log("k8s", || format!("{name} deleted ({why})"));
@@ -183,8 +182,7 @@ impl Simulation {
         let cause = pod.deletion.as_ref().map_or(Cause::Voluntary, |d| d.cause);
         let epoch = pod.epoch;
         self.pods[p].sigterm_sent = true;
-        self.pods[p].ready = false;
-        self.wake_operator();
+        self.set_ready(p, false);
         let name = self.pods[p].name.clone();
         self.trace(&name, "sigterm", || "SIGTERM".into());
         self.log("kubelet", || format!("{name}: SIGTERM"));
@@ -245,8 +243,7 @@ impl Simulation {
         }
         let name = self.pods[p].name.clone();
         self.trace(&name, "crash", || "process died".into());
-        self.pods[p].ready = false;
-        self.wake_operator();
+        self.set_ready(p, false);
         match self.pods[p].component {
             Component::Log => {
                 let name = self.pods[p].name.clone();
@@ -275,8 +272,7 @@ impl Simulation {
 
     fn process_stopped(&mut self, p: PodId) {
         self.pods[p].process_alive = false;
-        self.pods[p].ready = false;
-        self.wake_operator();
+        self.set_ready(p, false);
         match self.pods[p].component {
             Component::Cn => self.cn_process_exited(p),
             Component::Proxy => self.proxy_process_exited(p),
@@ -333,8 +329,7 @@ impl Simulation {
     pub(crate) fn pod_gone(&mut self, p: PodId) {
         let deletion = self.pods[p].deletion.clone();
         self.pods[p].status = PodStatus::Gone;
-        self.pods[p].ready = false;
-        self.wake_operator();
+        self.set_ready(p, false);
         let name = self.pods[p].name.clone();
         if self.pod_by_name.get(&name) == Some(&p) {
             self.pod_by_name.remove(&name);

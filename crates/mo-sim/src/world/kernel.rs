@@ -36,8 +36,7 @@ impl Simulation {
     pub(crate) fn log_store_started(&mut self, p: PodId, epoch: u64) {
         // LOG has no readiness probe: Ready means "container started", long before the
         // replicas have rejoined and caught up (the gap behind incident 002).
-        self.pods[p].ready = true;
-        self.wake_operator();
+        self.set_ready(p, true);
         let store = self.pods[p].name.clone();
         for s in 0..self.shards.len() {
             for r in 0..self.shards[s].replicas.len() {
@@ -534,8 +533,7 @@ impl Simulation {
         self.tn.phase = TnPhase::Running;
         self.tn.allocator.checks_since = self.now;
         let p = self.tn.pod;
-        self.pods[p].ready = true;
-        self.wake_operator();
+        self.set_ready(p, true);
         self.log("tn", || "running".into());
         // Every CN's next keepalive reaches an allocator that does not know it: refused, so
         // the CN drops the lock tables it owned (`lock_table_keeper.go` `doKeepLockTableBind`).
@@ -715,8 +713,7 @@ impl Simulation {
         let cn = self.cns.get_mut(&p).expect("checked above");
         cn.phase = CnPhase::Running;
         cn.lock_open = true;
-        self.pods[p].ready = true;
-        self.wake_operator();
+        self.set_ready(p, true);
         if self
             .tn
             .allocator
@@ -835,8 +832,7 @@ impl Simulation {
     pub(crate) fn proxy_started(&mut self, p: PodId, epoch: u64) {
         if self.proxies.get(&p).is_some_and(|x| x.epoch == epoch) && self.pods[p].process_alive {
             self.proxies.get_mut(&p).expect("checked").running = true;
-            self.pods[p].ready = true;
-            self.wake_operator();
+            self.set_ready(p, true);
             // It loads the CN list at start, then every `proxy_refresh` on its own timer.
             self.refresh_proxy(p);
             self.update_route_state();

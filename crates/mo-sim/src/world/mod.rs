@@ -590,6 +590,9 @@ pub struct Simulation {
     pub(crate) pulls: BTreeMap<(usize, String), Millis>,
     pub(crate) versions: Vec<String>,
     pub(crate) policy_record: Option<String>,
+    /// The operator decides again `operator_reaction` after a change, as the kube controller
+    /// reconciles on its watches (the safe policy only; the others were calibrated on the tick).
+    pub(crate) reacts_to_changes: bool,
     /// An `OperatorWake` is scheduled.
     pub(crate) wake_pending: bool,
     pub(crate) crash_pending: Option<bool>,
@@ -678,6 +681,8 @@ impl Simulation {
                 name: g.name.clone(),
             })
             .collect();
+        let reacts_to_changes =
+            policy.name() == "safe" && t.operator_reaction.millis() != Millis::ZERO;
         Simulation {
             rng: ChaCha8Rng::seed_from_u64(scenario.seed),
             t,
@@ -738,6 +743,7 @@ impl Simulation {
             pulls: BTreeMap::new(),
             versions: Vec::new(),
             policy_record: None,
+            reacts_to_changes,
             wake_pending: false,
             crash_pending: None,
             operator_restarts: 0,
@@ -1475,14 +1481,17 @@ impl Simulation {
     /// The safe policy's controller reconciles again soon after a change (its own or a pod's
     /// seen by a watch); several changes before it does wake it once.
     pub(crate) fn wake_operator(&mut self) {
-        if self.wake_pending
-            || self.t.operator_reaction.millis() == Millis::ZERO
-            || self.policy.name() != "safe"
-        {
+        if self.wake_pending || !self.reacts_to_changes {
             return;
         }
         self.wake_pending = true;
         self.after(self.t.operator_reaction, Ev::OperatorWake);
+    }
+
+    /// A pod's readiness changes, which a watch reports to the operator.
+    pub(crate) fn set_ready(&mut self, p: PodId, ready: bool) {
+        self.pods[p].ready = ready;
+        self.wake_operator();
     }
 
     fn restart_operator(&mut self, drop_pending_actions: bool, pending: usize) {
