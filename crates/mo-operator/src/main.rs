@@ -13,7 +13,7 @@ mod output;
 mod render;
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use mo_sim::{RunOptions, Scenario, Simulation};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -113,14 +113,15 @@ fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 fn main() -> Result<()> {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    // The allocator already chose by this name (see `allocator`), before `main`.
+    let long_running = matches
+        .subcommand_name()
+        .is_some_and(|name| allocator::LONG_RUNNING.contains(&name));
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Command::KubeletExec(args) = &cli.command {
         // Before anything else: the launcher must stay single-threaded to enter namespaces.
         std::process::exit(kubelet::exec::main(args));
-    }
-    let long_running = matches!(cli.command, Command::Run(_) | Command::Kubelet(_));
-    if long_running {
-        allocator::return_memory_eagerly();
     }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(if long_running { "info" } else { "warn" })
@@ -537,4 +538,16 @@ fn bench(campaign_seeds: u64, json: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_long_running_command_the_allocator_knows_is_a_subcommand() {
+        for name in allocator::LONG_RUNNING {
+            assert!(Cli::command().find_subcommand(name).is_some(), "{name}");
+        }
+    }
 }
