@@ -396,6 +396,14 @@ impl Drain {
             }
             return;
         }
+        if pod.phase == PodPhase::Failed {
+            self.hold(format!(
+                "{} is terminal (Failed): its process is gone, nothing is left to drain; the \
+                 pod is deleted so that it is replaced, which ends this drain",
+                self.pod
+            ));
+            return;
+        }
         if let DrainPurpose::NodeFailure { node } = &self.purpose {
             let node = node.clone();
             self.hold(format!(

@@ -25,6 +25,10 @@ pub enum ObservationError {
 pub enum PodPhase {
     Pending,
     Running,
+    /// Terminal (Kubernetes `Failed` or `Succeeded`): every container stopped for good and the
+    /// kubelet will not start them again (an eviction under node pressure, a node shutdown).
+    /// Nothing runs there to drain or protect; only a new pod brings the member back.
+    Failed,
 }
 
 /// Pool phases of the CN pool (claims bind Idle pods to owners).

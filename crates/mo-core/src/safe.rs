@@ -6,7 +6,7 @@ use crate::action::{Action, Decision, PolicyNote};
 use crate::component::Component;
 use crate::drain::{Drain, DrainPurpose, DrainStage, DrainTiming};
 use crate::gates;
-use crate::observe::{EvictionRequest, Observation, RemovalReason};
+use crate::observe::{EvictionRequest, Observation, PodPhase, RemovalReason};
 use crate::policy::{EvictionVerdict, Policy, PolicyInput};
 use crate::rollout::{MaxUnavailable, OnStall, Rollout, RolloutStatus, RolloutTiming};
 use crate::time::{Millis, human};
@@ -158,6 +158,8 @@ pub struct SafePolicy {
     /// When a proxy's Service membership was last asked to change (not persisted: resent
     /// after a restart, the change is idempotent).
     serving_sent: BTreeMap<String, Millis>,
+    /// When the deletion of each terminal pod instance (by UID) was last sent.
+    terminal_sent: BTreeMap<String, Millis>,
 }
 
 impl SafePolicy {
@@ -170,6 +172,7 @@ impl SafePolicy {
             },
             reported: BTreeMap::new(),
             serving_sent: BTreeMap::new(),
+            terminal_sent: BTreeMap::new(),
             persisted: std::cell::RefCell::new(None),
         }
     }
@@ -325,6 +328,36 @@ impl SafePolicy {
                     pod: pod.name.clone(),
                     uid: pod.uid.clone(),
                     serving,
+                });
+            }
+        }
+    }
+
+    /// A pod whose containers stopped for good (`Failed`: evicted by its kubelet, its node shut
+    /// down) holds nothing: its process is gone, so there is nothing to drain or wait for. Its
+    /// object is deleted, bound to that instance, so that it is replaced (a StatefulSet
+    /// recreates LOG, TN and proxy pods; the operator creates CN pods).
+    fn replace_terminal_pods(&mut self, obs: &Observation, actions: &mut Vec<Action>) {
+        self.terminal_sent
+            .retain(|uid, _| obs.pods.iter().any(|p| p.uid == *uid && !p.terminating));
+        for pod in obs
+            .pods
+            .iter()
+            .filter(|p| p.phase == PodPhase::Failed && !p.terminating)
+        {
+            let due = self
+                .terminal_sent
+                .get(&pod.uid)
+                .is_none_or(|t| obs.now - *t >= self.config.resend_after);
+            if due {
+                self.terminal_sent.insert(pod.uid.clone(), obs.now);
+                actions.push(Action::DeletePod {
+                    pod: pod.name.clone(),
+                    uid: pod.uid.clone(),
+                    reason: format!(
+                        "{} is terminal (Failed): its containers stopped for good; the pod is replaced",
+                        pod.name
+                    ),
                 });
             }
         }
@@ -560,6 +593,7 @@ impl Policy for SafePolicy {
         }
         self.upgrade(obs, &mut actions, &mut notes);
         self.keep_proxies_in_service(obs, &mut actions);
+        self.replace_terminal_pods(obs, &mut actions);
         let holds: Vec<(String, String, bool)> = self
             .record
             .drains
@@ -603,6 +637,11 @@ impl Policy for SafePolicy {
                 ),
             };
         };
+        if pod.phase == PodPhase::Failed {
+            // Its containers stopped for good: nothing runs there to protect, and whoever
+            // removes it (the workload controller, the pod GC) lets it be replaced.
+            return EvictionVerdict::Allow;
+        }
         match pod.component {
             Component::Cn => {
                 let now = obs.now;

@@ -44,6 +44,35 @@ pub enum Error {
     Finalizer(String),
     #[error("cluster object has no {0}")]
     Incomplete(&'static str),
+    #[error("{0}")]
+    NotLeading(#[from] crate::leader::NotLeading),
+    #[error("the reconcile panicked: {0}")]
+    Panicked(String),
+}
+
+/// The API clients of the operator: `requests` bounds every call (a hung connection is an
+/// error, not a wait); `watches` streams without a read timeout (kube-runtime's watcher has
+/// its own idle timeout).
+#[derive(Clone)]
+pub struct Clients {
+    pub requests: Client,
+    pub watches: Client,
+}
+
+impl Clients {
+    /// Both from one configuration; `timeout` bounds each request's wait for an answer.
+    pub fn new(config: kube::Config, timeout: Duration) -> Result<Clients, kube::Error> {
+        let watches = Client::try_from(config.clone())?;
+        let mut bounded = config;
+        bounded.read_timeout = Some(timeout);
+        bounded.write_timeout = Some(timeout);
+        // The timeout counts from the request, not from when its pooled connection went idle.
+        bounded.reset_reader_on_write = true;
+        Ok(Clients {
+            requests: Client::try_from(bounded)?,
+            watches,
+        })
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -92,6 +121,9 @@ pub(crate) struct ClusterState {
 
 pub struct Context {
     pub(crate) client: Client,
+    watch_client: Client,
+    /// The fence every act runs inside (see [`crate::leader`]).
+    pub leadership: crate::leader::Leadership,
     pub(crate) kernel: Arc<KernelClients>,
     pub metrics: Arc<Metrics>,
     events: EventPublisher,
@@ -256,23 +288,28 @@ impl Context {
     /// Starts the pod and node caches (ready when this returns); the controller runs with
     /// [`run`], and the disruption reviews use the same state.
     pub async fn start(
-        client: Client,
+        clients: Clients,
         kernel: Arc<KernelClients>,
         metrics: Arc<Metrics>,
         settings: Settings,
+        leadership: crate::leader::Leadership,
     ) -> Arc<Context> {
+        let Clients {
+            requests: client,
+            watches: watch_client,
+        } = clients;
         let pod_selector = format!("{}={}", resources::LABEL_MANAGED_BY, resources::MANAGED_BY);
         let wakeups = Arc::new(Wakeups::default());
         let on_pod = wakeups.clone();
         let pods = crate::cache::cache_with(
-            scoped::<Pod>(&client, settings.namespace.as_deref()),
+            scoped::<Pod>(&watch_client, settings.namespace.as_deref()),
             watcher::Config::default().labels(&pod_selector),
             crate::observation::trim_pod,
             move |pod| on_pod.on_pod(pod),
         );
         let (on_node, pods_by_node) = (wakeups.clone(), pods.clone());
         let nodes = crate::cache::cache_with(
-            Api::<Node>::all(client.clone()),
+            Api::<Node>::all(watch_client.clone()),
             watcher::Config::default(),
             crate::observation::trim_node,
             move |node| on_node.on_node(node, &pods_by_node),
@@ -282,6 +319,8 @@ impl Context {
         let events = EventPublisher::new(client.clone(), FIELD_MANAGER, &settings.instance);
         Arc::new(Context {
             client,
+            watch_client,
+            leadership,
             kernel,
             metrics,
             events,
@@ -301,7 +340,7 @@ pub async fn run(
 ) {
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     let namespace = context.settings.namespace.as_deref();
-    let clusters = scoped::<MatrixOneCluster>(&context.client, namespace);
+    let clusters = scoped::<MatrixOneCluster>(&context.watch_client, namespace);
     let managed = watcher::Config::default().labels(&format!(
         "{}={}",
         resources::LABEL_MANAGED_BY,
@@ -356,8 +395,10 @@ where
     let kind = K::kind(&()).to_string();
     let wakeups = context.wakeups.clone();
     // Metadata-only requests: the objects themselves are never needed here.
-    let api =
-        scoped::<PartialObjectMeta<K>>(&context.client, context.settings.namespace.as_deref());
+    let api = scoped::<PartialObjectMeta<K>>(
+        &context.watch_client,
+        context.settings.namespace.as_deref(),
+    );
     let stream = watcher(api, config)
         .default_backoff()
         .for_each(move |event| {
@@ -442,14 +483,29 @@ async fn reconcile(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<
     let ns = cluster.namespace().ok_or(Error::Incomplete("namespace"))?;
     let woken_at = ctx.wakeups.answered(&ns, &cluster.name_any());
     let api: Api<MatrixOneCluster> = Api::namespaced(ctx.client.clone(), &ns);
-    let result = finalizer(&api, FINALIZER, cluster, |event| async {
+    let work = finalizer(&api, FINALIZER, cluster.clone(), |event| async {
         match event {
             FinalizerEvent::Apply(cluster) => apply(cluster, ctx.clone()).await,
             FinalizerEvent::Cleanup(cluster) => cleanup(cluster, ctx.clone()).await,
         }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(e.to_string()));
+    });
+    // Acts only inside the lease; a panic is this cluster's error, never the controller's end.
+    let result = match ctx.leadership.act(catch_panic(work)).await {
+        Err(not_leading) => {
+            ctx.metrics.fenced_acts.inc();
+            Err(Error::NotLeading(not_leading))
+        }
+        Ok(Err(panic)) => {
+            ctx.metrics.reconcile_panics.inc();
+            tracing::error!(cluster = %cluster.name_any(), namespace = %ns, %panic, "reconcile panicked");
+            ctx.event(&cluster, EventType::Warning, "ReconcilePanicked", format!(
+                "the operator failed on this cluster ({panic}); it retries, and other clusters are unaffected"
+            ))
+            .await;
+            Err(Error::Panicked(panic))
+        }
+        Ok(Ok(result)) => result.map_err(|e| Error::Finalizer(e.to_string())),
+    };
     ctx.metrics
         .observe_reconcile(started.elapsed(), result.is_ok());
     if let Some(woken_at) = woken_at {
@@ -457,6 +513,21 @@ async fn reconcile(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<
         ctx.metrics.observe_reaction(woken_at.elapsed());
     }
     result
+}
+
+/// Runs `work`, turning a panic into its message.
+pub async fn catch_panic<F: std::future::Future>(work: F) -> Result<F::Output, String> {
+    use futures::FutureExt;
+    std::panic::AssertUnwindSafe(work)
+        .catch_unwind()
+        .await
+        .map_err(|panic| {
+            panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into())
+        })
 }
 
 async fn cleanup(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requeue, Error> {

@@ -109,7 +109,18 @@ async fn review_timed(
     door: Door,
 ) -> Review {
     let started = Instant::now();
-    let (component, review) = review_inner(ctx, namespace, name, uid, pod, &door).await;
+    // A review may record a decision (a drain started, a release): only inside the lease.
+    let (component, review) = match ctx
+        .leadership
+        .act(review_inner(ctx, namespace, name, uid, pod, &door))
+        .await
+    {
+        Ok(answer) => answer,
+        Err(not_leading) => {
+            ctx.metrics.fenced_acts.inc();
+            (None, Review::deny(format!("{not_leading}: retry")))
+        }
+    };
     ctx.metrics.observe_review(
         door.name(),
         component.as_deref().unwrap_or("unknown"),

@@ -95,6 +95,10 @@ pub struct Metrics {
     /// Readings of the kernel that failed (uncertainty the core holds on).
     pub kernel_unreachable: Family<ClusterLabels, Counter>,
     pub leader: Gauge,
+    /// Reconciles that panicked (each is that cluster's error; the controller goes on).
+    pub reconcile_panics: Counter,
+    /// Acts refused or cut because this replica's lease fence had closed.
+    pub fenced_acts: Counter,
     /// Disruption reviews (webhook or preStop hook) refused because this replica is a standby.
     pub standby_refusals: Counter,
     /// When the webhook's serving certificate expires (Unix seconds; 0: no webhook).
@@ -130,6 +134,8 @@ impl Metrics {
         let webhook_certificate_expiry = Gauge::default();
         let kernel_unreachable = Family::<ClusterLabels, Counter>::default();
         let leader = Gauge::default();
+        let reconcile_panics = Counter::default();
+        let fenced_acts = Counter::default();
         let reviews = Family::<ReviewLabels, Counter>::default();
         let review_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
         let reaction_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
@@ -209,8 +215,20 @@ impl Metrics {
             "1 while this replica holds the leader lease",
             leader.clone(),
         );
+        registry.register(
+            "reconcile_panics",
+            "Reconciles that panicked (that cluster's error; the others go on)",
+            reconcile_panics.clone(),
+        );
+        registry.register(
+            "fenced_acts",
+            "Acts refused or cut because this replica's lease fence had closed",
+            fenced_acts.clone(),
+        );
         Metrics {
             registry,
+            reconcile_panics,
+            fenced_acts,
             reconciles,
             reconcile_seconds,
             actions,

@@ -162,10 +162,11 @@ fn pod_observation(pod: &Pod, component: Component) -> PodObservation {
             .as_ref()
             .and_then(|s| s.node_name.clone())
             .unwrap_or_default(),
-        phase: if status.and_then(|s| s.phase.as_deref()) == Some("Running") {
-            PodPhase::Running
-        } else {
-            PodPhase::Pending
+        phase: match status.and_then(|s| s.phase.as_deref()) {
+            Some("Running") => PodPhase::Running,
+            // Terminal: the kubelet will not start its containers again.
+            Some("Failed" | "Succeeded") => PodPhase::Failed,
+            _ => PodPhase::Pending,
         },
         ready: is_ready(pod),
         version: running_version(pod),

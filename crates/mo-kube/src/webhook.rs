@@ -75,6 +75,10 @@ pub fn valid_user_name(name: &str) -> bool {
     !name.is_empty() && !name.contains(['\'', '\\', '"'])
 }
 
+/// The delete webhook is not called for a pod whose containers stopped for good.
+pub const TERMINAL_MATCH: &str = "!has(oldObject.status) || !has(oldObject.status.phase) || \
+     !(oldObject.status.phase in ['Failed', 'Succeeded'])";
+
 pub const EVICTION_WEBHOOK: &str = "evictions.ops.matrixorigin.io";
 pub const DELETE_WEBHOOK: &str = "pod-deletes.ops.matrixorigin.io";
 pub const EVICTION_PATH: &str = "/validate/eviction";
@@ -603,6 +607,12 @@ pub fn configuration(
                         name: "not-already-terminating".into(),
                         expression: "!has(oldObject.metadata.deletionTimestamp)".into(),
                     },
+                    // Terminal (evicted by its kubelet, its node shut down): nothing runs to
+                    // protect, and the controllers that replace such pods must not wait.
+                    MatchCondition {
+                        name: "not-terminal".into(),
+                        expression: TERMINAL_MATCH.into(),
+                    },
                     MatchCondition {
                         name: "not-the-operator-or-the-system".into(),
                         expression: format!(
@@ -900,6 +910,12 @@ async fn delete_review(hook: &Webhook, request: &AdmissionRequest<DynamicObject>
     };
     if pod.metadata.deletion_timestamp.is_some() {
         return allow("already terminating");
+    }
+    if matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Failed" | "Succeeded")
+    ) {
+        return allow("terminal: its containers stopped for good");
     }
     if request.dry_run {
         return Review::deny(

@@ -127,6 +127,9 @@ struct SimCluster {
     /// When each pod's process last started (wall clock, as a kubelet reports `startedAt`),
     /// with the restart count it started under, by UID.
     started: BTreeMap<String, (u32, String)>,
+    /// Pods this kubelet ended for good (evicted under node pressure), by UID, with the
+    /// status that says so: phase `Failed`, never started again, finished at once when deleted.
+    failed: BTreeMap<String, serde_json::Value>,
 }
 
 impl SimCluster {
@@ -594,7 +597,8 @@ pub async fn run(args: Args) -> Result<()> {
             "/v1/namespaces/{ns}/clusters/{name}/lock-tables",
             get(lock_tables_handler),
         )
-        .route("/v1/prestop/{uid}", get(prestop_handler));
+        .route("/v1/prestop/{uid}", get(prestop_handler))
+        .route("/v1/namespaces/{ns}/pods/{pod}/fail", post(fail_handler));
     if plane.processes.is_some() {
         app = app.merge(process::routes());
     }
@@ -735,6 +739,7 @@ async fn tick(
                 bound: BTreeMap::new(),
                 servers: BTreeMap::new(),
                 started: BTreeMap::new(),
+                failed: BTreeMap::new(),
             };
             for short in scenario.cn_pod_names() {
                 sim.learn_cn(key, &short);
@@ -861,6 +866,17 @@ async fn tick(
                     // The SQL Service's endpoints follow the label: the model's clients too.
                     sim.model.set_proxy_serving(&short, &uid, serving == "true");
                 }
+                if let Some(status) = sim.failed.get(&uid) {
+                    // Nothing runs: no hook, no grace; a deletion finishes at once.
+                    if pod.metadata.deletion_timestamp.is_some() {
+                        sim.model.pod_deleting(&short, &uid, Some(Millis::ZERO));
+                        removals.push((key.0.clone(), name, uid.clone()));
+                    } else if sim.written.get(&uid) != Some(status) {
+                        sim.written.insert(uid.clone(), status.clone());
+                        writes.push((key.0.clone(), name, json!({"status": status})));
+                    }
+                    continue;
+                }
                 if pod.metadata.deletion_timestamp.is_some() {
                     // The pod's grace period runs in wall-clock time: scaled into the model.
                     let grace = pod
@@ -907,12 +923,16 @@ async fn tick(
                 .model
                 .pod_reports()
                 .iter()
-                .filter(|r| sim.bound.contains_key(&r.uid) && !r.terminated)
+                .filter(|r| {
+                    sim.bound.contains_key(&r.uid)
+                        && !r.terminated
+                        && !sim.failed.contains_key(&r.uid)
+                })
                 .count();
             sim.owed = present < sim.expected;
             let image = sim.image.clone();
             for report in sim.model.pod_reports() {
-                if !sim.bound.contains_key(&report.uid) {
+                if !sim.bound.contains_key(&report.uid) || sim.failed.contains_key(&report.uid) {
                     continue;
                 }
                 let name = format!("{}{}", SimCluster::prefix(key), report.name);
@@ -956,6 +976,7 @@ async fn tick(
                     sim.written.remove(&uid);
                     sim.servers.remove(&uid);
                     sim.started.remove(&uid);
+                    sim.failed.remove(&uid);
                 }
             }
         }
@@ -1216,6 +1237,56 @@ async fn fault_handler(
             .set_handover_never_confirms(faults.handover_never_confirms);
     })
     .map_or(StatusCode::NOT_FOUND, |_| StatusCode::NO_CONTENT)
+}
+
+/// The kubelet ends pod `pod` for good, as it does under node pressure: the container is
+/// killed, never started again, and the pod's phase is `Failed` (reason `Evicted`). The object
+/// stays until someone deletes it.
+async fn fail_handler(
+    State(plane): Shared,
+    Path((ns, pod)): Path<(String, String)>,
+) -> Result<StatusCode, (StatusCode, String)> {
+    let status = json!({
+        "phase": "Failed",
+        "reason": "Evicted",
+        "message": "The node was low on resource: memory.",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Ready", "status": "False"},
+            {"type": "ContainersReady", "status": "False"},
+        ],
+        "containerStatuses": [{
+            "name": "main", "image": "", "imageID": "", "ready": false, "started": false,
+            "restartCount": 0,
+            "state": {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": now_rfc3339()}},
+        }],
+    });
+    let mut sims = plane.clusters.lock().expect("clusters lock");
+    let failed = sims
+        .iter_mut()
+        .filter(|(key, _)| key.0 == ns)
+        .find_map(|(key, sim)| {
+            let short = pod.strip_prefix(&SimCluster::prefix(key))?;
+            let uid = sim
+                .bound
+                .iter()
+                .find(|(u, s)| s.as_str() == short && !sim.failed.contains_key(*u))
+                .map(|(u, _)| u.clone())?;
+            plane.advance(sim);
+            sim.model.pod_failed(short, &uid);
+            // The next tick writes the status; the pod's address stops answering now.
+            sim.failed.insert(uid.clone(), status.clone());
+            sim.servers.remove(&uid);
+            sim.started.remove(&uid);
+            Some(uid)
+        });
+    match failed {
+        Some(uid) => {
+            tracing::info!(namespace = %ns, %pod, %uid, "evicted by the kubelet (Failed)");
+            Ok(StatusCode::NO_CONTENT)
+        }
+        None => Err((StatusCode::NOT_FOUND, format!("no running pod {ns}/{pod}"))),
+    }
 }
 
 /// What the preStop hook of the pod instance `uid` did (404: it never ran).

@@ -5,10 +5,10 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use mo_kube::controller::{self, Context, Settings};
+use mo_kube::controller::{self, Clients, Context, Settings};
 use mo_kube::disruption::Door;
 use mo_kube::kernel::{KernelClients, KernelSettings};
-use mo_kube::leader::{LeaderElector, LeaseConfig};
+use mo_kube::leader::{LeaderElector, Leadership, LeaseConfig};
 use mo_kube::metrics::Metrics;
 use mo_kube::resources::DrainHook;
 use mo_kube::webhook::{ClientTarget, TlsSource, Webhook, WebhookSettings};
@@ -60,9 +60,13 @@ pub struct Args {
     /// Manage only clusters in this namespace (default: all namespaces).
     #[arg(long, env = "WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
-    /// A Lease not renewed this long may be taken over.
+    /// A Lease not renewed this long may be taken over. The leader stops acting a fifth of it
+    /// earlier unless a renewal sent since has landed.
     #[arg(long, default_value = "15s", value_parser = duration)]
     pub lease_duration: Duration,
+    /// How long one Kubernetes API request may wait for its answer (watches excepted).
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub api_timeout: Duration,
     /// The preStop hook command CN pods run (empty: CN pods get no hook). The binary must be
     /// in the CN image or mounted into it.
     #[arg(
@@ -257,7 +261,7 @@ async fn own_username(client: &kube::Client) -> Result<String> {
 async fn keep_webhook(
     webhook: Arc<Webhook>,
     client: kube::Client,
-    leading: Arc<AtomicBool>,
+    leadership: Leadership,
     metrics: Arc<Metrics>,
 ) {
     use mo_kube::crd::MatrixOneCluster;
@@ -273,7 +277,7 @@ async fn keep_webhook(
         metrics
             .webhook_certificate_expiry
             .set(i64::try_from(webhook.serving_not_after()).unwrap_or(i64::MAX));
-        if leading.load(Ordering::Relaxed) {
+        if leadership.is_leading() {
             let namespaces = match webhook.namespace_scope() {
                 Some(ns) => Ok(vec![ns.to_string()]),
                 None => kube::Api::<MatrixOneCluster>::all(client.clone())
@@ -295,12 +299,18 @@ async fn keep_webhook(
                             *ns != namespaces || at.elapsed() >= Duration::from_secs(300)
                         });
                     if due {
-                        match webhook.apply_configuration(&client, &namespaces).await {
-                            Ok(()) => {
+                        let applied_now = leadership
+                            .act(webhook.apply_configuration(&client, &namespaces))
+                            .await;
+                        match applied_now {
+                            Err(not_leading) => {
+                                tracing::warn!(error = %not_leading, "webhook configuration not applied")
+                            }
+                            Ok(Ok(())) => {
                                 tracing::info!(?namespaces, "webhook configuration applied");
                                 applied = Some((namespaces, std::time::Instant::now()));
                             }
-                            Err(e) => {
+                            Ok(Err(e)) => {
                                 tracing::warn!(error = %e, "applying the webhook configuration failed")
                             }
                         }
@@ -316,15 +326,122 @@ async fn keep_webhook(
 }
 
 pub async fn run(args: Args) -> Result<()> {
-    let client = kube::Client::try_default()
+    let config = kube::Config::infer()
         .await
-        .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+        .context("reading the Kubernetes API configuration (in-cluster or KUBECONFIG)")?;
+    let clients = Clients::new(config, args.api_timeout).context("building the API clients")?;
+    let client = clients.requests.clone();
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health {
         metrics: metrics.clone(),
         ready: AtomicBool::new(false),
         context: OnceLock::new(),
     });
+    serve_endpoints(&args.listen, health.clone()).await?;
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let leadership = Leadership::new();
+    // Webhooks are served by every replica (a standby refuses with 429: retry), so the API
+    // server always finds one answering while the lease changes hands.
+    let webhook = match &args.webhook_listen {
+        Some(listen) => Some(start_webhook(&args, listen, &client, &leadership, &metrics).await?),
+        None => None,
+    };
+    // A standby replica is healthy and ready: it is ready to take over.
+    health.ready.store(true, Ordering::Relaxed);
+    let elector = Arc::new(LeaderElector::new(
+        client.clone(),
+        LeaseConfig {
+            namespace: args.lease_namespace.clone(),
+            name: args.lease_name.clone(),
+            identity: identity.clone(),
+            duration: args.lease_duration,
+            renew: args.lease_duration / 4,
+        },
+        leadership.clone(),
+    ));
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("listening for SIGTERM")?;
+    tokio::select! {
+        _ = elector.acquire() => {}
+        _ = terminate.recv() => return Ok(()),
+        _ = tokio::signal::ctrl_c() => return Ok(()),
+    }
+    metrics.leader.set(1);
+    // Renewing starts now, while the caches sync: a lease won is never left to lapse unseen.
+    let mut keeper = tokio::spawn({
+        let elector = elector.clone();
+        async move { elector.keep().await }
+    });
+    let context = Context::start(
+        clients,
+        kernel_clients(&args),
+        metrics.clone(),
+        controller_settings(&args, identity),
+        leadership.clone(),
+    )
+    .await;
+    let _ = health.context.set(context.clone());
+    if let Some(webhook) = &webhook {
+        webhook.lead(context.clone());
+    }
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut controller = tokio::spawn(controller::run(context, async move {
+        let _ = stop_rx.await;
+    }));
+    let exit = tokio::select! {
+        lost = &mut keeper => {
+            // The fence is closed: nothing acts from here on, whatever is still running.
+            let reason = lost.unwrap_or_else(|e| format!("the lease keeper failed: {e}"));
+            tracing::error!(%reason, "stopped leading; exiting");
+            3
+        }
+        ended = &mut controller => {
+            leadership.close();
+            let reason = match ended {
+                Err(e) if e.is_panic() => "the controller panicked".to_string(),
+                Err(e) => format!("the controller task failed: {e}"),
+                Ok(()) => "the controller stopped".to_string(),
+            };
+            tracing::error!(%reason, "the controller is gone: releasing the lease and exiting");
+            release(&elector).await;
+            1
+        }
+        _ = terminate.recv() => stop_leading(&elector, stop_tx, controller).await,
+        _ = tokio::signal::ctrl_c() => stop_leading(&elector, stop_tx, controller).await,
+    };
+    metrics.leader.set(0);
+    std::process::exit(exit);
+}
+
+/// A graceful stop: the fence closes (every act in progress is cut, none starts), the
+/// controller winds down, and the lease is released so a standby takes over at once.
+async fn stop_leading(
+    elector: &LeaderElector,
+    stop: tokio::sync::oneshot::Sender<()>,
+    controller: tokio::task::JoinHandle<()>,
+) -> i32 {
+    tracing::info!("shutting down: closing the fence, then releasing the lease");
+    elector.leadership().close();
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), controller).await;
+    release(elector).await;
+    0
+}
+
+async fn release(elector: &LeaderElector) {
+    match elector.release().await {
+        Ok(()) => tracing::info!("leader lease released"),
+        Err(e) => {
+            tracing::warn!(error = %e, "releasing the lease failed; a standby takes it when it expires")
+        }
+    }
+}
+
+/// Health, readiness, metrics, the latency figures and the CN preStop hook's endpoint.
+async fn serve_endpoints(listen: &str, health: Arc<Health>) -> Result<()> {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route(
@@ -367,68 +484,58 @@ pub async fn run(args: Args) -> Result<()> {
             ),
         )
         .route("/v1/drain-hook", post(drain_hook))
-        .with_state(health.clone());
-    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .with_state(health);
+    let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .with_context(|| format!("binding {}", args.listen))?;
+        .with_context(|| format!("binding {listen}"))?;
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "HTTP endpoints stopped");
         }
     });
-    let identity = args.identity.clone().unwrap_or_else(|| {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        format!("{}-{}", host.trim(), std::process::id())
-    });
-    // Webhooks are served by every replica (a standby refuses with 429: retry), so the API
-    // server always finds one answering while the lease changes hands.
-    let leading = Arc::new(AtomicBool::new(false));
-    let webhook = match &args.webhook_listen {
-        Some(listen) => {
-            let settings = webhook_settings(&args)?;
-            let user = own_username(&client).await?;
-            tracing::info!(%user, "the operator's own identity (its deletes are not reviewed)");
-            let webhook = Webhook::new(&client, settings, user, metrics.standby_refusals.clone())
-                .await
-                .context("setting up the webhook certificates")?;
-            let config = webhook.server_config()?;
-            let listener = tokio::net::TcpListener::bind(listen)
-                .await
-                .with_context(|| format!("binding {listen}"))?;
-            tokio::spawn(mo_kube::webhook::serve_tls(
-                listener,
-                config,
-                webhook.router(),
-            ));
-            tokio::spawn(keep_webhook(
-                webhook.clone(),
-                client.clone(),
-                leading.clone(),
-                metrics.clone(),
-            ));
-            Some(webhook)
-        }
-        None => None,
-    };
-    // A standby replica is healthy and ready: it is ready to take over.
-    health.ready.store(true, Ordering::Relaxed);
-    let elector = LeaderElector::new(
+    Ok(())
+}
+
+async fn start_webhook(
+    args: &Args,
+    listen: &str,
+    client: &kube::Client,
+    leadership: &Leadership,
+    metrics: &Arc<Metrics>,
+) -> Result<Arc<Webhook>> {
+    let settings = webhook_settings(args)?;
+    let user = own_username(client).await?;
+    tracing::info!(%user, "the operator's own identity (its deletes are not reviewed)");
+    let webhook = Webhook::new(client, settings, user, metrics.standby_refusals.clone())
+        .await
+        .context("setting up the webhook certificates")?;
+    let config = webhook.server_config()?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    tokio::spawn(mo_kube::webhook::serve_tls(
+        listener,
+        config,
+        webhook.router(),
+    ));
+    tokio::spawn(keep_webhook(
+        webhook.clone(),
         client.clone(),
-        LeaseConfig {
-            namespace: args.lease_namespace.clone(),
-            name: args.lease_name.clone(),
-            identity: identity.clone(),
-            duration: args.lease_duration,
-            renew: args.lease_duration / 4,
-        },
-    );
-    elector.acquire().await;
-    metrics.leader.set(1);
-    let kernel = Arc::new(KernelClients::new(KernelSettings {
+        leadership.clone(),
+        metrics.clone(),
+    ));
+    Ok(webhook)
+}
+
+fn kernel_clients(args: &Args) -> Arc<KernelClients> {
+    Arc::new(KernelClients::new(KernelSettings {
         timeout: args.kernel_timeout,
         hakeeper_port: args.hakeeper_port,
         discovery_address: args.hakeeper_discovery_address.clone(),
-    }));
+    }))
+}
+
+fn controller_settings(args: &Args, identity: String) -> Settings {
     let drain_hook = match (
         &args.drain_hook_endpoint,
         args.drain_hook_command.is_empty(),
@@ -440,7 +547,7 @@ pub async fn run(args: Args) -> Result<()> {
         }),
         _ => None,
     };
-    let settings = Settings {
+    Settings {
         tick: args.tick,
         idle_tick: args.idle_tick,
         debounce: args.debounce,
@@ -449,28 +556,5 @@ pub async fn run(args: Args) -> Result<()> {
         instance: identity,
         namespace: args.watch_namespace.clone(),
         drain_hook,
-    };
-    let context = Context::start(client, kernel, metrics.clone(), settings).await;
-    let _ = health.context.set(context.clone());
-    if let Some(webhook) = &webhook {
-        webhook.lead(context.clone());
     }
-    leading.store(true, Ordering::Relaxed);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let controller = tokio::spawn(controller::run(context, async move {
-        let _ = stop_rx.await;
-    }));
-    tokio::select! {
-        lost = elector.keep() => {
-            // Never act on a lease that may be someone else's: stop at once.
-            tracing::error!(reason = %lost, "lost the leader lease; exiting");
-            std::process::exit(3);
-        }
-        _ = tokio::signal::ctrl_c() => {
-            tracing::info!("shutting down");
-            let _ = stop_tx.send(());
-            let _ = controller.await;
-        }
-    }
-    Ok(())
 }

@@ -822,3 +822,162 @@ async fn the_kernels_own_client_reads_the_simulated_kernel(t: &TestNs) {
         "{r}"
     );
 }
+
+/// When `identity` logged `message` first (Unix seconds), if it did.
+fn logged_at(t: &TestNs, identity: &str, message: &str) -> Option<f64> {
+    t.operator_log(identity)
+        .into_iter()
+        .find(|(_, m)| m.contains(message))
+        .map(|(at, _)| at)
+}
+
+/// The leader's API connection freezes (a partition: no byte passes, no error comes back). It
+/// must stop acting before the standby can take the lease over, on its own clock, however long
+/// its renewal hangs; the standby then repairs what changed meanwhile.
+#[tokio::test]
+async fn a_leader_cut_off_from_the_api_stops_acting_before_the_standby_starts() {
+    let t = TestNs::new("e2e-lease-freeze").await;
+    let server = t
+        .shared
+        .plane
+        .server()
+        .trim_start_matches("https://")
+        .to_string();
+    let proxy = support::FreezableProxy::start(&server).await;
+    let mut a = t.operator_via("op-a", &format!("https://{}", proxy.address), "4s");
+    wait_for("op-a leads", READY_LIMIT, || async {
+        leads(&a.try_metrics().await?).then_some(())
+    })
+    .await;
+    let b = t.operator("op-b");
+    t.create("mo", small_cluster("v1")).await.expect("create");
+    t.wait_ready("mo", READY_LIMIT).await;
+
+    proxy.freeze();
+    let frozen_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    // Something only a leader repairs: it waits for the standby.
+    let services: Api<Service> = Api::namespaced(t.client.clone(), &t.ns);
+    services
+        .delete("mo-sql", &DeleteParams::default())
+        .await
+        .expect("delete the SQL Service");
+    wait_for("op-b leads", READY_LIMIT, || async {
+        leads(&b.try_metrics().await?).then_some(())
+    })
+    .await;
+    wait_for("op-b restores the SQL Service", READY_LIMIT, || async {
+        services.get_opt("mo-sql").await.ok()?.map(|_| ())
+    })
+    .await;
+    let gone = std::time::Instant::now();
+    while a.alive() {
+        assert!(
+            gone.elapsed() < Duration::from_secs(30),
+            "op-a never stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stopped =
+        logged_at(&t, "op-a", "stopped leading").expect("op-a says when it stopped leading");
+    let took_over = logged_at(&t, "op-b", "acquired the leader lease")
+        .expect("op-b says when it took the lease");
+    eprintln!(
+        "timeline from the freeze: op-a stopped leading at +{:.2} s, op-b acquired the lease at +{:.2} s",
+        stopped - frozen_at,
+        took_over - frozen_at
+    );
+    assert!(
+        stopped < took_over,
+        "op-a stopped at {stopped}, op-b took over at {took_over}: they overlapped"
+    );
+    assert!(
+        t.operator_log("op-a")
+            .iter()
+            .all(|(at, m)| *at <= stopped || !m.contains("carried out")),
+        "op-a carried an action out after it stopped leading"
+    );
+    drop(proxy);
+}
+
+/// A leader told to stop (SIGTERM, as Kubernetes does) closes its fence and releases the lease:
+/// the standby leads within one look, not after the lease's whole duration.
+#[tokio::test]
+async fn a_leader_stopped_by_sigterm_releases_the_lease_at_once() {
+    let t = TestNs::new("e2e-lease-release").await;
+    let server = t.shared.plane.server().to_string();
+    let a = t.operator_via("op-a", &server, "12s");
+    wait_for("op-a leads", READY_LIMIT, || async {
+        leads(&a.try_metrics().await?).then_some(())
+    })
+    .await;
+    let b = t.operator_via("op-b", &server, "12s");
+    // op-b has seen the lease held.
+    wait_for("op-b stands by", READY_LIMIT, || async {
+        logged_at(&t, "op-b", "standing by").map(|_| ())
+    })
+    .await;
+    let sent = std::time::Instant::now();
+    let out = std::process::Command::new("kill")
+        .args(["-TERM", &a.pid().to_string()])
+        .output()
+        .expect("kill runs");
+    assert!(out.status.success());
+    wait_for("op-b leads", READY_LIMIT, || async {
+        leads(&b.try_metrics().await?).then_some(())
+    })
+    .await;
+    let took = sent.elapsed();
+    eprintln!(
+        "op-b led {:.2} s after op-a's SIGTERM (lease 12 s)",
+        took.as_secs_f64()
+    );
+    assert!(
+        took < Duration::from_secs(6),
+        "op-b waited {took:?}: the lease was not released"
+    );
+    assert!(
+        logged_at(&t, "op-a", "leader lease released").is_some(),
+        "op-a released the lease"
+    );
+}
+
+/// A TN pod and a CN pod their kubelet ended for good (evicted under node pressure: phase
+/// `Failed`) are replaced, with the delete webhook on and the controllers acting as their own
+/// ServiceAccounts: the TN's by its StatefulSet, the CN's by the operator. Nothing runs in a
+/// terminal pod, so there is nothing to drain or protect; the cluster is Ready again.
+#[tokio::test]
+async fn pods_their_kubelet_failed_are_replaced_and_the_cluster_recovers() {
+    let t = TestNs::new("e2e-failed-pods").await;
+    let _op = t.operator_with_deployed_rbac("op");
+    t.create("mo", small_cluster("v1")).await.expect("create");
+    t.wait_ready("mo", READY_LIMIT).await;
+    for pod in ["mo-tn-0", "mo-tp-1"] {
+        let before = t.pod(pod).await.and_then(|p| p.uid()).expect("pod uid");
+        t.fail_pod(pod).await;
+        wait_for(
+            &format!("{pod} replaced and Ready"),
+            READY_LIMIT,
+            || async {
+                let now = t.pod(pod).await?;
+                let ready = now
+                    .status
+                    .as_ref()?
+                    .conditions
+                    .as_ref()?
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                (now.uid()? != before && ready).then_some(())
+            },
+        )
+        .await;
+        t.wait_ready("mo", READY_LIMIT).await;
+    }
+    let events = events_about(&t, "mo-tp-1");
+    assert!(
+        events.iter().any(|(_, m)| m.contains("terminal (Failed)")),
+        "the operator said why it deleted mo-tp-1: {events:?}"
+    );
+}

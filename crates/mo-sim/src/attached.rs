@@ -316,6 +316,18 @@ impl AttachedCluster {
         }
     }
 
+    /// The kubelet ended pod object `uid` for good (an eviction under node pressure, a node
+    /// shutdown): its container is killed and never started again. The object stays (phase
+    /// `Failed`) until someone deletes it; its deletion then finishes at once.
+    pub fn pod_failed(&mut self, name: &str, uid: &str) {
+        self.waiting.retain(|n, (u, _, _)| !(n == name && u == uid));
+        if let Some(&(ref attached_uid, p)) = self.attached.get(name)
+            && attached_uid == uid
+        {
+            self.sim.crash_process(p, Cause::Involuntary, false);
+        }
+    }
+
     /// The kubelet removed a terminated pod's object: forget it.
     pub fn pod_removed(&mut self, name: &str, uid: &str) {
         if self.attached.get(name).is_some_and(|(u, _)| u == uid) {

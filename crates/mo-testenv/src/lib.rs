@@ -197,8 +197,12 @@ pub fn start() -> Result<ControlPlane, TestEnvError> {
             &format!("--authentication-kubeconfig={}", kubeconfig.display()),
             &format!("--authorization-kubeconfig={}", kubeconfig.display()),
             // The controllers the operator relies on are real; no node lifecycle controller
-            // (the fake kubelet does not heartbeat), no cloud controllers.
-            "--controllers=statefulset-controller,replicaset-controller,deployment-controller,disruption-controller,garbage-collector-controller,namespace-controller",
+            // (the fake kubelet does not heartbeat), no cloud controllers. The service
+            // account controller makes each namespace's `default` ServiceAccount.
+            "--controllers=statefulset-controller,replicaset-controller,deployment-controller,disruption-controller,garbage-collector-controller,namespace-controller,serviceaccount-controller",
+            // Each controller acts as its own ServiceAccount (kube-system/statefulset-controller,
+            // …), as kubeadm and managed clusters run them: what a webhook sees as the deleter.
+            "--use-service-account-credentials=true",
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
             &format!("--secure-port={kcm_port}"),

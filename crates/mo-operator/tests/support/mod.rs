@@ -471,6 +471,42 @@ impl TestNs {
         self.spawn(identity, self.shared.plane.kubeconfig(), tick, &[])
     }
 
+    /// An operator that reaches the API server at `server` (e.g. a [`FreezableProxy`]) with
+    /// the admin credentials, and holds the lease for `lease_duration` (e.g. `"4s"`).
+    pub fn operator_via(&self, identity: &str, server: &str, lease_duration: &str) -> Operator {
+        let admin = std::fs::read_to_string(self.shared.plane.kubeconfig()).expect("kubeconfig");
+        let kubeconfig = admin.replace(self.shared.plane.server(), server);
+        assert!(
+            server == self.shared.plane.server() || kubeconfig != admin,
+            "the server address appears in the kubeconfig"
+        );
+        let path = log_dir().join(format!("{}-{identity}.kubeconfig", self.ns));
+        std::fs::write(&path, kubeconfig).expect("write kubeconfig");
+        self.spawn(
+            identity,
+            &path,
+            "250ms",
+            &["--lease-duration".to_string(), lease_duration.to_string()],
+        )
+    }
+
+    /// What operator `identity` of this namespace logged: (Unix seconds, message) per line.
+    pub fn operator_log(&self, identity: &str) -> Vec<(f64, String)> {
+        let log = log_dir().join(format!("{}-{identity}.log", self.ns));
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter_map(|line| {
+                let at = line["timestamp"]
+                    .as_str()?
+                    .parse::<k8s_openapi::jiff::Timestamp>()
+                    .ok()?;
+                let message = line["fields"]["message"].as_str()?.to_string();
+                Some((at.as_duration().as_secs_f64(), message))
+            })
+            .collect()
+    }
+
     fn spawn(
         &self,
         identity: &str,
@@ -499,9 +535,13 @@ impl TestNs {
                 &self.ns,
                 "--identity",
                 identity,
-                "--lease-duration",
-                "4s",
             ])
+            .args(
+                (!extra.iter().any(|a| a == "--lease-duration"))
+                    .then_some(["--lease-duration", "4s"])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(extra)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,kube=warn");
@@ -690,6 +730,26 @@ impl TestNs {
         assert!(status.is_success(), "faults: {status}");
     }
 
+    /// The kubelet ends pod `name` for good, as under node pressure (phase `Failed`, reason
+    /// `Evicted`); the object stays until someone deletes it.
+    pub async fn fail_pod(&self, name: &str) {
+        let url = format!(
+            "{}/v1/namespaces/{}/pods/{name}/fail",
+            self.shared.admin, self.ns
+        );
+        let response = reqwest::Client::new()
+            .post(&url)
+            .send()
+            .await
+            .expect("fail endpoint");
+        assert!(
+            response.status().is_success(),
+            "fail {name}: {} {}",
+            response.status(),
+            response.text().await.unwrap_or_default()
+        );
+    }
+
     /// Which pod's lock service owns each bound lock table (the data plane's ground truth).
     pub async fn lock_tables(&self, name: &str) -> BTreeMap<String, String> {
         let url = format!(
@@ -787,4 +847,84 @@ pub fn small_cluster(version: &str) -> serde_json::Value {
         "upgrade": {"stabilityWindow": "2s", "stallTimeout": "3m"},
         "drain": {"alarmAfter": "5m"},
     })
+}
+
+/// A TCP proxy in front of the API server that can be frozen: while frozen it passes no byte in
+/// either direction and accepts connections it never serves, as a partition would; what it
+/// held is dropped, never delivered late.
+pub struct FreezableProxy {
+    pub address: String,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FreezableProxy {
+    /// Proxies `target` (`host:port`) on a free loopback port.
+    pub async fn start(target: &str) -> FreezableProxy {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy");
+        let address = listener.local_addr().expect("address").to_string();
+        let frozen = std::sync::Arc::new(AtomicBool::new(false));
+        let target = target.to_string();
+        let flag = frozen.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (target, flag) = (target.clone(), flag.clone());
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    let up = pump(cr, sw, flag.clone());
+                    let down = pump(sr, cw, flag);
+                    let _ = tokio::join!(up, down);
+                });
+            }
+        });
+        async fn pump(
+            mut from: tokio::net::tcp::OwnedReadHalf,
+            mut to: tokio::net::tcp::OwnedWriteHalf,
+            frozen: std::sync::Arc<AtomicBool>,
+        ) {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                while frozen.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let n = match from.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if frozen.load(Ordering::SeqCst) {
+                    // Read while freezing: lost, as in a partition.
+                    return;
+                }
+                if to.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+        FreezableProxy {
+            address,
+            frozen,
+            task,
+        }
+    }
+
+    pub fn freeze(&self) {
+        self.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for FreezableProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
