@@ -1484,3 +1484,70 @@ fn an_upgrade_stall_still_halts() {
         RolloutStatus::Halted { .. }
     ));
 }
+
+/// A pod whose kubelet ended it for good (Failed) runs nothing: the core deletes it, bound to
+/// that instance, so it is replaced; every door lets it go, the TN's included; a drain of such
+/// a CN waits for nothing it cannot have.
+#[test]
+fn a_terminal_pod_is_replaced_and_every_door_lets_it_go() {
+    let mut obs = cluster("v1");
+    for name in ["tn-0", "cn-1"] {
+        let p = obs.pods.iter_mut().find(|p| p.name == name).expect("pod");
+        p.phase = PodPhase::Failed;
+        p.ready = false;
+    }
+    let mut policy = SafePolicy::new(SafeConfig::default());
+    let decision = policy.decide(PolicyInput {
+        observation: &obs,
+        results: &[],
+    });
+    let deleted: Vec<(&str, &str)> = decision
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::DeletePod { pod, uid, .. } => Some((pod.as_str(), uid.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deleted, [("tn-0", "u-tn"), ("cn-1", "u-cn-1")]);
+    // Sent once per resend interval, not on every tick.
+    obs.now = obs.now + Millis(500);
+    let again = policy.decide(PolicyInput {
+        observation: &obs,
+        results: &[],
+    });
+    assert!(
+        !again
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::DeletePod { .. })),
+        "{:?}",
+        again.actions
+    );
+    for (pod, uid) in [("tn-0", "u-tn"), ("cn-1", "u-cn-1")] {
+        let verdict = policy.review_eviction(
+            &obs,
+            &EvictionRequest {
+                pod: pod.into(),
+                uid: uid.into(),
+                source: "the StatefulSet controller".into(),
+            },
+        );
+        assert_eq!(verdict, EvictionVerdict::Allow, "{pod}");
+    }
+    // A running TN stays protected.
+    obs.pods
+        .iter_mut()
+        .find(|p| p.name == "tn-0")
+        .expect("tn")
+        .phase = PodPhase::Running;
+    let verdict = policy.review_eviction(
+        &obs,
+        &EvictionRequest {
+            pod: "tn-0".into(),
+            uid: "u-tn".into(),
+            source: "kubectl drain".into(),
+        },
+    );
+    assert!(matches!(verdict, EvictionVerdict::Deny { .. }));
+}

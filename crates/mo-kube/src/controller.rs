@@ -16,6 +16,7 @@ use crate::metrics::{ActionLabels, ClusterLabels, DrainLabels, Metrics};
 use crate::observation::{self, component_of};
 use crate::resources::{self, LABEL_CLUSTER, LABEL_PREPULL};
 use crate::status;
+use crate::validation::{self, FieldError, OperatorRules, StoredCluster};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
@@ -48,6 +49,21 @@ pub enum Error {
     NotLeading(#[from] crate::leader::NotLeading),
     #[error("the reconcile panicked: {0}")]
     Panicked(String),
+    /// The API server refuses an object the spec makes (422, 400).
+    #[error("{object}: refused by the API server: {message}")]
+    Refused { object: String, message: String },
+}
+
+/// An API error on object `object` (`StatefulSet mo-log`): a refusal of what the spec makes is
+/// named as such; anything else is an error to retry.
+fn refused(object: String) -> impl FnOnce(kube::Error) -> Error {
+    move |e| match e {
+        kube::Error::Api(s) if s.code == 422 || s.code == 400 => Error::Refused {
+            object,
+            message: s.message,
+        },
+        other => Error::Kube(other),
+    }
 }
 
 /// The API clients of the operator: `requests` bounds every call (a hung connection is an
@@ -98,6 +114,8 @@ pub struct Settings {
     pub namespace: Option<String>,
     /// The preStop drain hook CN pods are created with (none: no hook).
     pub drain_hook: Option<resources::DrainHook>,
+    /// What the operator's configuration allows of a spec (hostPath directories).
+    pub rules: OperatorRules,
 }
 
 /// What the controller keeps per cluster between ticks (rebuilt from the status on restart).
@@ -139,7 +157,7 @@ pub struct Context {
 #[derive(Default)]
 struct Wakeups {
     /// Set while the controller runs; before that its first pass covers every cluster.
-    to: Mutex<Option<tokio::sync::mpsc::UnboundedSender<ObjectRef<MatrixOneCluster>>>>,
+    to: Mutex<Option<tokio::sync::mpsc::UnboundedSender<ObjectRef<StoredCluster>>>>,
     /// The first change per cluster (`namespace/name`) not yet answered by a reconcile.
     since: Mutex<BTreeMap<String, Instant>>,
     /// What the core reads of each node, hashed: node status updates that change none of it
@@ -154,7 +172,7 @@ struct Wakeups {
 }
 
 impl Wakeups {
-    fn wake(&self, cluster: ObjectRef<MatrixOneCluster>) {
+    fn wake(&self, cluster: ObjectRef<StoredCluster>) {
         let to = self.to.lock().expect("wakeups lock");
         let Some(to) = to.as_ref() else {
             return;
@@ -254,13 +272,18 @@ impl Context {
             .clone()
     }
 
+    /// What the operator's configuration allows of a spec.
+    pub(crate) fn rules(&self) -> &OperatorRules {
+        &self.settings.rules
+    }
+
     fn forget(&self, uid: &str) {
         self.states.lock().expect("states lock").remove(uid);
     }
 
     pub(crate) async fn event(
         &self,
-        cluster: &MatrixOneCluster,
+        cluster: &impl Resource<DynamicType = ()>,
         type_: EventType,
         reason: &str,
         note: String,
@@ -340,7 +363,9 @@ pub async fn run(
 ) {
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     let namespace = context.settings.namespace.as_deref();
-    let clusters = scoped::<MatrixOneCluster>(&context.watch_client, namespace);
+    // Read as stored, spec unread: one cluster's unreadable spec is that cluster's refusal,
+    // never a watch failing for every cluster.
+    let clusters = scoped::<StoredCluster>(&context.watch_client, namespace);
     let managed = watcher::Config::default().labels(&format!(
         "{}={}",
         resources::LABEL_MANAGED_BY,
@@ -363,7 +388,7 @@ pub async fn run(
     let clusters = kube::runtime::reflector(
         writer,
         watcher(clusters, watcher::Config::default())
-            .modify(|cluster: &mut MatrixOneCluster| cluster.managed_fields_mut().clear()),
+            .modify(|cluster: &mut StoredCluster| cluster.managed_fields_mut().clear()),
     )
     .default_backoff()
     .applied_objects();
@@ -415,14 +440,14 @@ where
 }
 
 /// The cluster a managed pod belongs to (its label; same namespace).
-fn cluster_of(pod: &Pod) -> Option<ObjectRef<MatrixOneCluster>> {
+fn cluster_of(pod: &Pod) -> Option<ObjectRef<StoredCluster>> {
     let name = pod.labels().get(resources::LABEL_CLUSTER)?;
     Some(ObjectRef::new(name).within(&pod.namespace()?))
 }
 
 /// Clusters with a pod on `node`, from the pod cache.
-fn clusters_on_node(pods: &Store<Pod>, node: &str) -> Vec<ObjectRef<MatrixOneCluster>> {
-    let mut clusters: Vec<ObjectRef<MatrixOneCluster>> = pods
+fn clusters_on_node(pods: &Store<Pod>, node: &str) -> Vec<ObjectRef<StoredCluster>> {
+    let mut clusters: Vec<ObjectRef<StoredCluster>> = pods
         .state()
         .iter()
         .filter(|p| {
@@ -473,20 +498,23 @@ where
     }
 }
 
-fn error_policy(_cluster: Arc<MatrixOneCluster>, error: &Error, ctx: Arc<Context>) -> Requeue {
+fn error_policy(_cluster: Arc<StoredCluster>, error: &Error, ctx: Arc<Context>) -> Requeue {
     tracing::warn!(%error, "reconcile error; retrying");
     Requeue::requeue(ctx.settings.tick)
 }
 
-async fn reconcile(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+async fn reconcile(cluster: Arc<StoredCluster>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let started = Instant::now();
     let ns = cluster.namespace().ok_or(Error::Incomplete("namespace"))?;
     let woken_at = ctx.wakeups.answered(&ns, &cluster.name_any());
-    let api: Api<MatrixOneCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    let api: Api<StoredCluster> = Api::namespaced(ctx.client.clone(), &ns);
     let work = finalizer(&api, FINALIZER, cluster.clone(), |event| async {
         match event {
-            FinalizerEvent::Apply(cluster) => apply(cluster, ctx.clone()).await,
-            FinalizerEvent::Cleanup(cluster) => cleanup(cluster, ctx.clone()).await,
+            FinalizerEvent::Apply(stored) => match stored.parse(&ctx.settings.rules) {
+                Ok(cluster) => apply(Arc::new(cluster), ctx.clone()).await,
+                Err(errors) => refuse(&stored, &errors, &ctx).await,
+            },
+            FinalizerEvent::Cleanup(stored) => cleanup(stored, ctx.clone()).await,
         }
     });
     // Acts only inside the lease; a panic is this cluster's error, never the controller's end.
@@ -498,7 +526,7 @@ async fn reconcile(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<
         Ok(Err(panic)) => {
             ctx.metrics.reconcile_panics.inc();
             tracing::error!(cluster = %cluster.name_any(), namespace = %ns, %panic, "reconcile panicked");
-            ctx.event(&cluster, EventType::Warning, "ReconcilePanicked", format!(
+            ctx.event(&*cluster, EventType::Warning, "ReconcilePanicked", format!(
                 "the operator failed on this cluster ({panic}); it retries, and other clusters are unaffected"
             ))
             .await;
@@ -513,6 +541,46 @@ async fn reconcile(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<
         ctx.metrics.observe_reaction(woken_at.elapsed());
     }
     result
+}
+
+/// A cluster whose spec cannot be used: every refusal in its conditions and one event, and
+/// nothing changed in the cluster until the spec is fixed.
+async fn refuse(
+    stored: &StoredCluster,
+    errors: &[FieldError],
+    ctx: &Context,
+) -> Result<Requeue, Error> {
+    let uid = stored.uid().ok_or(Error::Incomplete("uid"))?;
+    let state = ctx.state(&uid);
+    let mut state = state.lock().await;
+    record_refusal(stored, &stored.status(), errors, &mut state, ctx).await
+}
+
+async fn record_refusal(
+    cluster: &impl Resource<DynamicType = ()>,
+    previous: &MatrixOneClusterStatus,
+    errors: &[FieldError],
+    state: &mut ClusterState,
+    ctx: &Context,
+) -> Result<Requeue, Error> {
+    let text = validation::describe(errors);
+    let meta = cluster.meta();
+    let status = status::invalid_spec(meta.generation, previous, &text);
+    ctx.metrics
+        .spec_invalid
+        .get_or_create(&cluster_labels(cluster))
+        .set(1);
+    if state.last_status.as_ref() != Some(&status) {
+        let api: Api<StoredCluster> = Api::namespaced(
+            ctx.client.clone(),
+            meta.namespace.as_deref().unwrap_or_default(),
+        );
+        patch_status(&api, meta.name.as_deref().unwrap_or_default(), &status).await?;
+        ctx.event(cluster, EventType::Warning, "InvalidSpec", text)
+            .await;
+        state.last_status = Some(status);
+    }
+    Ok(Requeue::requeue(ctx.settings.tick * 10))
 }
 
 /// Runs `work`, turning a panic into its message.
@@ -530,19 +598,20 @@ pub async fn catch_panic<F: std::future::Future>(work: F) -> Result<F::Output, S
         })
 }
 
-async fn cleanup(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+async fn cleanup(cluster: Arc<StoredCluster>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let uid = cluster.uid().ok_or(Error::Incomplete("uid"))?;
     ctx.forget(&uid);
     ctx.kernel.forget(
         &cluster.namespace().unwrap_or_default(),
         &cluster.name_any(),
     );
-    let labels = cluster_labels(&cluster);
+    let labels = cluster_labels(&*cluster);
     ctx.metrics.rollout_phase.remove(&labels);
     ctx.metrics.rollout_halted.remove(&labels);
     ctx.metrics.creation_slow.remove(&labels);
     ctx.metrics.holds.remove(&labels);
     ctx.metrics.drains_alarmed.remove(&labels);
+    ctx.metrics.spec_invalid.remove(&labels);
     for stage in DRAIN_STAGES {
         ctx.metrics.drains.remove(&DrainLabels {
             namespace: labels.namespace.clone(),
@@ -551,7 +620,7 @@ async fn cleanup(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Re
         });
     }
     ctx.event(
-        &cluster,
+        &*cluster,
         EventType::Normal,
         "Deleting",
         "owned objects are removed by the garbage collector (graceful pod deletion)".into(),
@@ -560,7 +629,7 @@ async fn cleanup(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Re
     Ok(Requeue::await_change())
 }
 
-fn cluster_labels(cluster: &MatrixOneCluster) -> ClusterLabels {
+fn cluster_labels(cluster: &impl Resource<DynamicType = ()>) -> ClusterLabels {
     ClusterLabels {
         namespace: cluster.namespace().unwrap_or_default(),
         cluster: cluster.name_any(),
@@ -573,23 +642,26 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
     let uid = cluster.uid().ok_or(Error::Incomplete("uid"))?;
     let state = ctx.state(&uid);
     let mut state = state.lock().await;
-    let api: Api<MatrixOneCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    let api: Api<StoredCluster> = Api::namespaced(ctx.client.clone(), &ns);
     let previous = cluster.status.clone().unwrap_or_default();
 
-    // What the schema cannot say (a strategy cycle through three components) stops here.
+    // Checked when the spec was read (`StoredCluster::parse`); a refusal here is a bug's.
     let (strategy, config) = match (cluster.spec.strategy(), cluster.spec.safe_config()) {
         (Ok(s), Ok(c)) => (s, c),
         (Err(e), _) | (_, Err(e)) => {
-            let status = status::invalid_spec(&cluster, &previous, &e.to_string());
-            if state.last_status.as_ref() != Some(&status) {
-                patch_status(&api, &name, &status).await?;
-                ctx.event(&cluster, EventType::Warning, "InvalidSpec", e.to_string())
-                    .await;
-                state.last_status = Some(status);
-            }
-            return Ok(Requeue::requeue(ctx.settings.tick * 10));
+            let text = e.to_string();
+            let (field, message) = text.split_once(": ").unwrap_or(("spec", &text));
+            let errors = [FieldError {
+                field: field.into(),
+                message: message.into(),
+            }];
+            return record_refusal(&*cluster, &previous, &errors, &mut state, &ctx).await;
         }
     };
+    ctx.metrics
+        .spec_invalid
+        .get_or_create(&cluster_labels(&*cluster))
+        .set(0);
     if state.policy.is_none() || state.config.as_ref() != Some(&config) {
         // A restarted operator (or a changed spec) resumes from the persisted record.
         let record = state
@@ -639,14 +711,13 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
     let config_map = match resources::config_map(&cluster, Some(&bootstrap)) {
         Ok(c) => c,
         Err(e) => {
-            let status = status::invalid_spec(&cluster, &previous, &e.to_string());
-            if state.last_status.as_ref() != Some(&status) {
-                patch_status(&api, &name, &status).await?;
-                ctx.event(&cluster, EventType::Warning, "InvalidSpec", e.to_string())
-                    .await;
-                state.last_status = Some(status);
-            }
-            return Ok(Requeue::requeue(ctx.settings.tick * 10));
+            let text = e.to_string();
+            let (field, message) = text.split_once(": ").unwrap_or(("spec", &text));
+            let errors = [FieldError {
+                field: field.into(),
+                message: message.into(),
+            }];
+            return record_refusal(&*cluster, &previous, &errors, &mut state, &ctx).await;
         }
     };
 
@@ -656,7 +727,17 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
         state.budgets = None;
     }
     let pods = pods_of_cluster(&ctx, &ns, &name);
-    ensure_children(&cluster, &templates, config_map, &pods, &mut state, &ctx).await?;
+    let children = ensure_children(&cluster, &templates, config_map, &pods, &mut state, &ctx).await;
+    if let Err(Error::Refused { object, message }) = children {
+        // The API server refuses what the spec makes: this cluster waits, named; the others go on.
+        let errors = [FieldError {
+            field: object,
+            message: format!("refused by the API server: {message}"),
+        }];
+        state.applied = None;
+        return record_refusal(&*cluster, &previous, &errors, &mut state, &ctx).await;
+    }
+    children?;
 
     let nodes: Vec<Arc<Node>> = ctx.nodes.state();
     let intervals = kernel_config::heartbeat_intervals(&cluster);
@@ -675,7 +756,7 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
     if kernel.hakeeper.is_err() {
         ctx.metrics
             .kernel_unreachable
-            .get_or_create(&cluster_labels(&cluster))
+            .get_or_create(&cluster_labels(&*cluster))
             .inc();
     }
     if !bootstrap.done
@@ -689,7 +770,7 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
         };
         patch_status_value(&api, &name, serde_json::json!({"logBootstrap": done})).await?;
         ctx.event(
-            &cluster,
+            &*cluster,
             EventType::Normal,
             "Bootstrapped",
             format!(
@@ -741,7 +822,7 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
 
     for note in &decision.notes {
         let (type_, reason, text) = describe_note(note);
-        ctx.event(&cluster, type_, reason, text).await;
+        ctx.event(&*cluster, type_, reason, text).await;
     }
     let mut results = Vec::with_capacity(decision.actions.len());
     for action in decision.actions {
@@ -763,14 +844,14 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
                         | Action::RestartPod { .. }
                         | Action::SetProxyServing { .. }
                 ) {
-                    ctx.event(&cluster, EventType::Normal, kind, describe_action(&action))
+                    ctx.event(&*cluster, EventType::Normal, kind, describe_action(&action))
                         .await;
                 }
             }
             Err(e) => {
                 tracing::warn!(cluster = %name, action = ?action, error = %e, "action failed; the core re-checks before retrying");
                 ctx.event(
-                    &cluster,
+                    &*cluster,
                     EventType::Warning,
                     "ActionFailed",
                     format!("{}: {e}", describe_action(&action)),
@@ -826,7 +907,7 @@ pub(crate) async fn patch_progress(
     cluster: &MatrixOneCluster,
     record: &str,
 ) -> Result<(), kube::Error> {
-    let api: Api<MatrixOneCluster> =
+    let api: Api<StoredCluster> =
         Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
     let body = serde_json::json!({"status": {"progress": record}});
     api.patch_status(
@@ -839,7 +920,7 @@ pub(crate) async fn patch_progress(
 }
 
 async fn patch_status(
-    api: &Api<MatrixOneCluster>,
+    api: &Api<StoredCluster>,
     name: &str,
     status: &MatrixOneClusterStatus,
 ) -> Result<(), Error> {
@@ -866,7 +947,7 @@ fn status_patch(status: &MatrixOneClusterStatus) -> serde_json::Value {
 
 /// Merges `fields` into the status (one field recorded on its own, before acting on it).
 async fn patch_status_value(
-    api: &Api<MatrixOneCluster>,
+    api: &Api<StoredCluster>,
     name: &str,
     fields: serde_json::Value,
 ) -> Result<(), Error> {
@@ -952,17 +1033,20 @@ async fn ensure_children(
         for s in &services {
             svc_api
                 .patch(&s.name_any(), &params, &Patch::Apply(s))
-                .await?;
+                .await
+                .map_err(refused(format!("Service {}", s.name_any())))?;
         }
         let cm_api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
         cm_api
             .patch(&config.name_any(), &params, &Patch::Apply(&config))
-            .await?;
+            .await
+            .map_err(refused(format!("ConfigMap {}", config.name_any())))?;
         let sts_api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
         for s in &sets {
             sts_api
                 .patch(&s.name_any(), &params, &Patch::Apply(s))
-                .await?;
+                .await
+                .map_err(refused(format!("StatefulSet {}", s.name_any())))?;
         }
         state.applied = Some((hash, Instant::now()));
     }
@@ -987,7 +1071,7 @@ async fn ensure_children(
             match pod_api.create(&PostParams::default(), &pod).await {
                 Ok(_) => tracing::info!(pod = %pod_name, "created CN pod"),
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(refused(format!("Pod {pod_name}"))(e)),
             }
         }
     }
@@ -1028,7 +1112,8 @@ async fn protect(
         for (component, budget) in &protection.budgets {
             let pdb = resources::pdb(cluster, *component, budget.min_available(), &budget.reason);
             api.patch(&pdb.name_any(), &params, &Patch::Apply(&pdb))
-                .await?;
+                .await
+                .map_err(refused(format!("PodDisruptionBudget {}", pdb.name_any())))?;
         }
         *applied = Some(protection.budgets.clone());
     }
@@ -1374,7 +1459,7 @@ mod tests {
     }
 
     fn woken(
-        rx: &mut tokio::sync::mpsc::UnboundedReceiver<ObjectRef<MatrixOneCluster>>,
+        rx: &mut tokio::sync::mpsc::UnboundedReceiver<ObjectRef<StoredCluster>>,
     ) -> Vec<String> {
         let mut out = Vec::new();
         while let Ok(c) = rx.try_recv() {

@@ -18,6 +18,91 @@ pub const GROUP: &str = "ops.matrixorigin.io";
 pub const FINALIZER: &str = "ops.matrixorigin.io/cleanup";
 pub const FIELD_MANAGER: &str = "mo-operator";
 
+/// The longest cluster name: its StatefulSets (`<cluster>-proxy`) take a 10-character revision
+/// hash in a 63-character label, its Services (`<cluster>-proxy-headless`) are DNS labels.
+pub const MAX_NAME: usize = 46;
+/// A cluster's name and a CN group's name together: CN pods are `<cluster>-<group>-<ordinal>`
+/// (ordinals up to 255), a DNS label of at most 63 characters.
+pub const MAX_NAME_AND_GROUP: usize = 58;
+
+pub const RULE_NAME: &str =
+    "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 46";
+pub const MSG_NAME: &str = "metadata.name: a DNS label (lowercase letters, digits and '-', starting with a letter) of at most 46 characters: the cluster's Services and StatefulSets are named after it";
+pub const RULE_GROUP_NAMES: &str =
+    "self.spec.cn.groups.all(g, size(self.metadata.name) + size(g.name) <= 58)";
+pub const MSG_GROUP_NAMES: &str = "spec.cn.groups[].name: the cluster's name and a CN group's name together have at most 58 characters (CN pods are named <cluster>-<group>-<ordinal>, a DNS label)";
+pub const MSG_STALL: &str =
+    "spec.upgrade.stallTimeout must be longer than spec.upgrade.stabilityWindow";
+pub const MSG_GROUP_COMPONENT: &str =
+    "spec.cn.groups[].name must not be a component name (log, tn, dn, proxy)";
+pub const MSG_SHARED_ONE: &str = "spec.sharedStorage: set exactly one of s3 or fileSystem";
+pub const MSG_SHARED_FIXED: &str =
+    "spec.sharedStorage cannot change: the cluster's data lives there";
+pub const MSG_LOG_ODD: &str =
+    "spec.log.replicas must be odd (a Raft majority of an even count tolerates no more failures)";
+pub const MSG_LOG_REPLICAS_FIXED: &str = "spec.log.replicas cannot change: the LOG shards' replicas were placed when the cluster was created";
+pub const MSG_SHARDS_FIXED: &str = "spec.log.shards is immutable";
+pub const MSG_LOG_STORAGE_FIXED: &str =
+    "spec.log.storage cannot change: a StatefulSet's volume claims are fixed when it is created";
+pub const MSG_TN_STORAGE_FIXED: &str =
+    "spec.tn.storage cannot change: a StatefulSet's volume claims are fixed when it is created";
+pub const MSG_STRATEGY_KEYS: &str =
+    "spec.upgrade.strategy: keys must be components (log, tn or dn, cn, proxy)";
+pub const MSG_STRATEGY_CYCLE: &str = "spec.upgrade.strategy: a component cannot wait for itself or for a component that waits for it";
+pub const MSG_MAX_UNAVAILABLE_CN: &str =
+    "spec.upgrade.maxUnavailable.cn: a number of pods (1 or more) or a percentage like 25%";
+pub const MSG_MAX_UNAVAILABLE_PROXY: &str =
+    "spec.upgrade.maxUnavailable.proxy: a number of pods (1 or more) or a percentage like 25%";
+pub const MSG_GRACE: &str = "spec.drain.gracePeriod: at most 24h";
+
+/// A Kubernetes quantity without a sign (what a request, a limit or a size may be).
+pub const QUANTITY_PATTERN: &str = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
+/// An absolute path whose every component starts with a letter, digit or `_`: no `.` or `..`,
+/// no empty component, no trailing `/`.
+pub const HOST_PATH_PATTERN: &str = r"^(/[A-Za-z0-9_][A-Za-z0-9._-]*)+$";
+/// A relative key prefix of the same components (no `..`, no leading `/`).
+pub const S3_PREFIX_PATTERN: &str = r"^[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*$";
+/// An image repository without tag or digest (the tag is `spec.version`).
+pub const IMAGE_PATTERN: &str =
+    r"^([A-Za-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$";
+
+/// A quantity: an integer or a string of [`QUANTITY_PATTERN`], never null.
+fn quantity_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    // `nullable: false` stated, or kube marks an optional int-or-string nullable: a null
+    // stored there would be unreadable (the API server puts the default in its place).
+    schemars::json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "nullable": false,
+        "pattern": QUANTITY_PATTERN,
+    })
+}
+
+/// A count or a percentage, never null.
+fn int_or_string_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"x-kubernetes-int-or-string": true, "nullable": false})
+}
+
+/// Kubernetes' resource requirements, every request and limit a quantity of
+/// [`QUANTITY_PATTERN`] (the API server would refuse another in the pods).
+fn resources_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = <ResourceRequirements as schemars::JsonSchema>::json_schema(generator);
+    for key in ["limits", "requests"] {
+        if let Some(values) = schema
+            .as_object_mut()
+            .and_then(|o| o.get_mut("properties"))
+            .and_then(|p| p.get_mut(key))
+            .and_then(|k| k.get_mut("additionalProperties"))
+            .and_then(|v| v.as_object_mut())
+        {
+            values.insert("pattern".into(), QUANTITY_PATTERN.into());
+        }
+    }
+    if let Some(o) = schema.as_object_mut() {
+        o.insert("nullable".into(), true.into());
+    }
+    schema
+}
+
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "ops.matrixorigin.io",
@@ -30,10 +115,12 @@ pub const FIELD_MANAGER: &str = "mo-operator";
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Step","type":"string","jsonPath":".status.rollout.step"}"#,
     printcolumn = r#"{"name":"Waiting-On","type":"string","jsonPath":".status.rollout.waitingOn","priority":0}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new(RULE_NAME).message(MSG_NAME),
+    validation = Rule::new(RULE_GROUP_NAMES).message(MSG_GROUP_NAMES)
 )]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(self.upgrade) || !has(self.upgrade.stallTimeout) || !has(self.upgrade.stabilityWindow) || duration(self.upgrade.stallTimeout) > duration(self.upgrade.stabilityWindow)").message("spec.upgrade.stallTimeout must be longer than spec.upgrade.stabilityWindow").field_path(".upgrade.stallTimeout"))]
+#[x_kube(validation = Rule::new("!has(self.upgrade) || !has(self.upgrade.stallTimeout) || !has(self.upgrade.stabilityWindow) || duration(self.upgrade.stallTimeout) > duration(self.upgrade.stabilityWindow)").message(MSG_STALL).field_path(".upgrade.stallTimeout"))]
 pub struct MatrixOneClusterSpec {
     /// MatrixOne version (the image tag) every component runs. Changing it starts an upgrade.
     #[schemars(
@@ -41,9 +128,9 @@ pub struct MatrixOneClusterSpec {
         regex(pattern = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
     )]
     pub version: String,
-    /// Image repository; the tag is `version`.
+    /// Image repository without a tag (the tag is `version`).
     #[serde(default = "default_image")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 255), regex(pattern = IMAGE_PATTERN))]
     pub image: String,
     /// The pods' image pull policy (Kubernetes' default when unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -56,14 +143,15 @@ pub struct MatrixOneClusterSpec {
     /// The transaction node (one): it writes the WAL to LOG.
     #[serde(default)]
     pub tn: TnSpec,
-    #[x_kube(validation = Rule::new("self.groups.all(g, !(g.name in ['log', 'tn', 'dn', 'proxy']))").message("spec.cn.groups[].name must not be a component name (log, tn, dn, proxy)"))]
+    #[x_kube(validation = Rule::new("self.groups.all(g, !(g.name in ['log', 'tn', 'dn', 'proxy']))").message(MSG_GROUP_COMPONENT))]
     /// The compute nodes, in groups: they run SQL and host the lock tables other CNs use.
     pub cn: CnSpec,
     /// The proxies in front of the CNs (the SQL Service's endpoints).
     #[serde(default)]
     pub proxy: ProxySpec,
     /// Where the cluster's data lives (the kernel's SHARED and ETL file services): every LOG,
-    /// TN and CN reads and writes it.
+    /// TN and CN reads and writes it. Fixed once the cluster exists.
+    #[x_kube(validation = Rule::new("self == oldSelf").message(MSG_SHARED_FIXED))]
     pub shared_storage: SharedStorage,
     /// The client Service in front of the proxies (or of the CNs when there is no proxy).
     #[serde(default)]
@@ -117,6 +205,7 @@ pub struct PodSettings {
     /// CPU and memory; `GOMEMLIMIT` is set to 90% of the memory limit. Without requests the
     /// pods are BestEffort, the first to go under node pressure (an eviction no webhook sees).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resources_schema")]
     pub resources: Option<ResourceRequirements>,
     /// The pods run only on nodes with these labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -146,6 +235,7 @@ pub struct PodSettings {
 pub struct VolumeSpec {
     /// The claim's size (a Kubernetes quantity, e.g. `20Gi`).
     #[serde(default = "default_volume_size")]
+    #[schemars(schema_with = "quantity_schema")]
     pub size: Quantity,
     /// The cluster's default StorageClass when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -182,7 +272,7 @@ pub enum Retention {
 /// Exactly one of `s3` or `fileSystem`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.s3) != has(self.fileSystem)").message("spec.sharedStorage: set exactly one of s3 or fileSystem"))]
+#[x_kube(validation = Rule::new("has(self.s3) != has(self.fileSystem)").message(MSG_SHARED_ONE))]
 pub struct SharedStorage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s3: Option<S3Storage>,
@@ -200,8 +290,10 @@ pub struct S3Storage {
     /// The bucket (it must exist; the operator does not create it).
     #[schemars(length(min = 3, max = 63))]
     pub bucket: String,
-    /// Key prefix of every object of this cluster (default: `<namespace>/<cluster>`).
+    /// Key prefix of every object of this cluster (default: `<namespace>/<cluster>`): path
+    /// components without `.` or `..`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512), regex(pattern = S3_PREFIX_PATTERN))]
     pub prefix: Option<String>,
     /// The bucket's region (some S3-compatible stores ignore it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -234,12 +326,13 @@ fn default_secret_access_key_key() -> String {
 }
 
 /// A directory every pod sees at the same path: a node's directory (`hostPath`), so only for
-/// single-node clusters, tests and demos.
+/// single-node clusters, tests and demos. The operator must allow the path's prefix
+/// (`--allow-host-path-under`): a hostPath volume is a way into the node.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct FileSystemStorage {
-    /// An absolute path; each cluster keeps its data under it.
-    #[schemars(length(min = 2), regex(pattern = r"^/"))]
+    /// An absolute path (components without `.` or `..`); each cluster keeps its data under it.
+    #[schemars(length(min = 2, max = 4096), regex(pattern = HOST_PATH_PATTERN))]
     pub path: String,
 }
 
@@ -298,18 +391,21 @@ fn default_image() -> String {
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.replicas % 2 == 1").message("spec.log.replicas must be odd (a Raft majority of an even count tolerates no more failures)").field_path(".replicas"))]
+#[x_kube(validation = Rule::new("self.replicas % 2 == 1").message(MSG_LOG_ODD).field_path(".replicas"))]
 pub struct LogSpec {
-    /// LOG stores (Raft replicas of every shard): 3 or 5.
+    /// LOG stores (Raft replicas of every shard): 3, 5 or 7; fixed once the cluster exists.
     #[schemars(range(min = 3, max = 7))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message(MSG_LOG_REPLICAS_FIXED))]
     pub replicas: i32,
     /// Log shards besides HAKeeper's; immutable once created.
     #[serde(default = "one")]
     #[schemars(range(min = 1, max = 64))]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.log.shards is immutable"))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message(MSG_SHARDS_FIXED))]
     pub shards: i32,
     /// Every LOG store keeps its Raft data here (a store restarted empty cannot rejoin).
+    /// Fixed once the cluster exists.
     #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message(MSG_LOG_STORAGE_FIXED))]
     pub storage: VolumeSpec,
     #[serde(flatten)]
     pub pods: PodSettings,
@@ -326,8 +422,10 @@ pub struct TnSpec {
     #[serde(default = "one")]
     #[schemars(range(min = 1, max = 1))]
     pub replicas: i32,
-    /// The TN's local file service (its LOCAL data) lives here across restarts.
+    /// The TN's local file service (its LOCAL data) lives here across restarts. Fixed once
+    /// the cluster exists.
     #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message(MSG_TN_STORAGE_FIXED))]
     pub storage: VolumeSpec,
     #[serde(flatten)]
     pub pods: PodSettings,
@@ -397,8 +495,8 @@ pub enum OnStallSpec {
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.strategy.all(k, k in ['log', 'tn', 'dn', 'cn', 'proxy'])").message("spec.upgrade.strategy: keys must be components (log, tn or dn, cn, proxy)").field_path(".strategy"))]
-#[x_kube(validation = Rule::new("self.strategy.all(k, !(k in self.strategy[k]) && self.strategy[k].all(d, !(d in self.strategy) || !(k in self.strategy[d])))").message("spec.upgrade.strategy: a component cannot wait for itself or for a component that waits for it").field_path(".strategy"))]
+#[x_kube(validation = Rule::new("self.strategy.all(k, k in ['log', 'tn', 'dn', 'cn', 'proxy'])").message(MSG_STRATEGY_KEYS).field_path(".strategy"))]
+#[x_kube(validation = Rule::new("self.strategy.all(k, !(k in self.strategy[k]) && self.strategy[k].all(d, !(d in self.strategy) || !(k in self.strategy[d])))").message(MSG_STRATEGY_CYCLE).field_path(".strategy"))]
 pub struct UpgradeSettings {
     /// Component → the components whose upgrade it waits for. Empty: LOG → TN → CN → Proxy.
     #[serde(default)]
@@ -442,14 +540,16 @@ pub struct UpgradeSettings {
 /// least one).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("type(self.cn) == int ? self.cn >= 1 : self.cn.matches('^[0-9]+%$')").message("spec.upgrade.maxUnavailable.cn: a number of pods (1 or more) or a percentage like 25%").field_path(".cn"))]
-#[x_kube(validation = Rule::new("type(self.proxy) == int ? self.proxy >= 1 : self.proxy.matches('^[0-9]+%$')").message("spec.upgrade.maxUnavailable.proxy: a number of pods (1 or more) or a percentage like 25%").field_path(".proxy"))]
+#[x_kube(validation = Rule::new("type(self.cn) == int ? self.cn >= 1 : self.cn.matches('^[0-9]+%$')").message(MSG_MAX_UNAVAILABLE_CN).field_path(".cn"))]
+#[x_kube(validation = Rule::new("type(self.proxy) == int ? self.proxy >= 1 : self.proxy.matches('^[0-9]+%$')").message(MSG_MAX_UNAVAILABLE_PROXY).field_path(".proxy"))]
 pub struct MaxUnavailableSettings {
     /// CN pods restarted at once: a number (`2`) or a percentage of the CNs (`"25%"`).
     #[serde(default = "one_pod")]
+    #[schemars(schema_with = "int_or_string_schema")]
     pub cn: IntOrString,
     /// Proxies restarted at once: a number (`2`) or a percentage of the proxies (`"50%"`).
     #[serde(default = "one_pod")]
+    #[schemars(schema_with = "int_or_string_schema")]
     pub proxy: IntOrString,
 }
 
@@ -510,7 +610,7 @@ pub enum ComponentName {
 }
 
 impl ComponentName {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             ComponentName::Log => "log",
             ComponentName::Tn => "tn",
@@ -536,6 +636,7 @@ fn yes() -> bool {
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.gracePeriod) || duration(self.gracePeriod) <= duration('24h')").message(MSG_GRACE).field_path(".gracePeriod"))]
 pub struct DrainSettings {
     /// A drain waiting longer raises an alarm (condition, event, metric). It keeps waiting.
     #[serde(default = "default_alarm")]

@@ -7,11 +7,11 @@
 //! that could not be written — the pod stays, the caller retries.
 
 use crate::controller::{Context, now_millis, patch_progress, pods_of_cluster};
-use crate::crd::MatrixOneCluster;
 use crate::events::EventType;
 use crate::kernel_config;
 use crate::observation::{self, component_of};
 use crate::resources::LABEL_CLUSTER;
+use crate::validation::StoredCluster;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -213,8 +213,8 @@ async fn review_inner(
             Review::allow("not part of a MatrixOne cluster"),
         );
     };
-    let clusters: Api<MatrixOneCluster> = Api::namespaced(ctx.client.clone(), namespace);
-    let cluster = match clusters.get_opt(&cluster_name).await {
+    let clusters: Api<StoredCluster> = Api::namespaced(ctx.client.clone(), namespace);
+    let stored = match clusters.get_opt(&cluster_name).await {
         Ok(Some(c)) => c,
         // The whole cluster was removed and the garbage collector takes its pods; a pod that
         // no cluster owns (orphaned, or mislabelled) is not let go blindly.
@@ -239,12 +239,24 @@ async fn review_inner(
             );
         }
     };
-    if cluster.metadata.deletion_timestamp.is_some() {
+    if stored.metadata.deletion_timestamp.is_some() {
         return (
             component_name,
             Review::allow(format!("cluster {cluster_name} is being deleted")),
         );
     }
+    let cluster = match stored.parse(ctx.rules()) {
+        Ok(cluster) => cluster,
+        Err(errors) => {
+            return (
+                component_name,
+                Review::deny(format!(
+                    "cluster {cluster_name} has an invalid spec ({}): nothing leaves until it is fixed",
+                    crate::validation::describe(&errors)
+                )),
+            );
+        }
+    };
     let (Ok(strategy), Ok(_)) = (cluster.spec.strategy(), cluster.spec.safe_config()) else {
         return (
             component_name,

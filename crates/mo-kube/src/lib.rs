@@ -16,4 +16,5 @@ pub mod problems;
 pub mod protection;
 pub mod resources;
 pub mod status;
+pub mod validation;
 pub mod webhook;

@@ -99,6 +99,8 @@ pub struct Metrics {
     pub reconcile_panics: Counter,
     /// Acts refused or cut because this replica's lease fence had closed.
     pub fenced_acts: Counter,
+    /// 1 while a cluster's spec is refused (nothing is changed in it until it is fixed).
+    pub spec_invalid: Family<ClusterLabels, Gauge>,
     /// Disruption reviews (webhook or preStop hook) refused because this replica is a standby.
     pub standby_refusals: Counter,
     /// When the webhook's serving certificate expires (Unix seconds; 0: no webhook).
@@ -136,6 +138,7 @@ impl Metrics {
         let leader = Gauge::default();
         let reconcile_panics = Counter::default();
         let fenced_acts = Counter::default();
+        let spec_invalid = Family::<ClusterLabels, Gauge>::default();
         let reviews = Family::<ReviewLabels, Counter>::default();
         let review_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
         let reaction_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
@@ -225,10 +228,16 @@ impl Metrics {
             "Acts refused or cut because this replica's lease fence had closed",
             fenced_acts.clone(),
         );
+        registry.register(
+            "spec_invalid",
+            "1 while a cluster's spec is refused (nothing is changed in it until it is fixed)",
+            spec_invalid.clone(),
+        );
         Metrics {
             registry,
             reconcile_panics,
             fenced_acts,
+            spec_invalid,
             reconciles,
             reconcile_seconds,
             actions,

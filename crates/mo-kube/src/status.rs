@@ -49,11 +49,10 @@ fn condition(
 
 /// The spec passed the schema but not the core: nothing is acted on until it is fixed.
 pub fn invalid_spec(
-    cluster: &MatrixOneCluster,
+    generation: Option<i64>,
     previous: &MatrixOneClusterStatus,
     message: &str,
 ) -> MatrixOneClusterStatus {
-    let generation = cluster.metadata.generation;
     let mut status = previous.clone();
     status.observed_generation = generation;
     let prev = &previous.conditions;

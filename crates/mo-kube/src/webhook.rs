@@ -607,18 +607,18 @@ pub fn configuration(
                         name: "not-already-terminating".into(),
                         expression: "!has(oldObject.metadata.deletionTimestamp)".into(),
                     },
-                    // Terminal (evicted by its kubelet, its node shut down): nothing runs to
-                    // protect, and the controllers that replace such pods must not wait.
-                    MatchCondition {
-                        name: "not-terminal".into(),
-                        expression: TERMINAL_MATCH.into(),
-                    },
                     MatchCondition {
                         name: "not-the-operator-or-the-system".into(),
                         expression: format!(
                             "!(request.userInfo.username in [{exempt_list}]) && \
                              !request.userInfo.username.startsWith('system:node:')"
                         ),
+                    },
+                    // Terminal (evicted by its kubelet, its node shut down): nothing runs to
+                    // protect, and the controllers that replace such pods must not wait.
+                    MatchCondition {
+                        name: "not-terminal".into(),
+                        expression: TERMINAL_MATCH.into(),
                     },
                 ]),
                 ..webhook(DELETE_WEBHOOK, DELETE_PATH, "DELETE", "pods")

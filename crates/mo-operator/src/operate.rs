@@ -118,6 +118,11 @@ pub struct Args {
     /// The API server's timeout for one webhook call.
     #[arg(long, default_value_t = 10)]
     pub webhook_timeout_seconds: i32,
+    /// A directory under which clusters may keep `fileSystem` shared storage, a hostPath
+    /// volume (repeatable). None by default: a hostPath is a way into the node, so only a
+    /// directory the platform team sets aside for it is allowed.
+    #[arg(long = "allow-host-path-under", value_name = "DIR")]
+    pub host_path_prefixes: Vec<String>,
 }
 
 pub fn duration(text: &str) -> Result<Duration, String> {
@@ -556,5 +561,8 @@ fn controller_settings(args: &Args, identity: String) -> Settings {
         instance: identity,
         namespace: args.watch_namespace.clone(),
         drain_hook,
+        rules: mo_kube::validation::OperatorRules {
+            host_path_prefixes: args.host_path_prefixes.clone(),
+        },
     }
 }

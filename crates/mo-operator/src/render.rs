@@ -5,10 +5,10 @@
 //! operator observes, so they are shown as they start: no voluntary disruption allowed).
 
 use anyhow::{Context as _, Result, bail};
-use kube::ResourceExt;
 use mo_core::Component;
 use mo_kube::crd::MatrixOneCluster;
 use mo_kube::resources::{self, DrainHook};
+use mo_kube::validation::{self, OperatorRules};
 use serde::Serialize;
 
 #[derive(clap::Args, Debug, Clone)]
@@ -31,6 +31,9 @@ pub struct Args {
         default_value = "/mo-operator-hook/mo-operator drain-hook"
     )]
     pub drain_hook_command: Vec<String>,
+    /// As `run` has it: directories under which a `fileSystem` shared storage may live.
+    #[arg(long = "allow-host-path-under", value_name = "DIR")]
+    pub host_path_prefixes: Vec<String>,
 }
 
 /// The objects in the order a reader wants them: configuration, services, workloads, pods,
@@ -91,23 +94,31 @@ pub fn run(args: &Args) -> Result<()> {
     } else {
         std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file))?
     };
-    let value: serde_json::Value =
+    let mut value: serde_json::Value =
         serde_yaml_ng::from_str(&text).with_context(|| format!("{}: not YAML", args.file))?;
-    if value["kind"] != "MatrixOneCluster" {
-        bail!(
-            "{}: expected kind MatrixOneCluster, found {}",
-            args.file,
-            value["kind"]
-        );
+    if value["metadata"]["namespace"].is_null() && value["metadata"].is_object() {
+        value["metadata"]["namespace"] = args.namespace.clone().into();
     }
-    let mut cluster: MatrixOneCluster = serde_path_to_error::deserialize(value)
-        .map_err(|e| anyhow::anyhow!("{}: {} at `{}`", args.file, e.inner(), e.path()))?;
-    if cluster.metadata.namespace.is_none() {
-        cluster.metadata.namespace = Some(args.namespace.clone());
-    }
-    if cluster.name_any().is_empty() {
-        bail!("{}: metadata.name is required", args.file);
-    }
+    // What the API server (as kubectl asks it: unknown fields refused) and the operator would
+    // refuse, refused here, each naming its field; nothing is rendered for it.
+    let rules = OperatorRules {
+        host_path_prefixes: args.host_path_prefixes.clone(),
+    };
+    let cluster = validation::check_object(&value, None, true).and_then(|cluster| {
+        let errors = validation::operator_checks(&cluster, &rules);
+        if errors.is_empty() {
+            Ok(cluster)
+        } else {
+            Err(errors)
+        }
+    });
+    let cluster = match cluster {
+        Ok(c) => c,
+        Err(errors) => {
+            let lines: Vec<String> = errors.iter().map(|e| format!("  {e}")).collect();
+            bail!("{}: refused:\n{}", args.file, lines.join("\n"));
+        }
+    };
     let hook = match (
         &args.drain_hook_endpoint,
         args.drain_hook_command.is_empty(),

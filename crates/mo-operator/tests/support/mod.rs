@@ -467,6 +467,11 @@ impl TestNs {
         self.spawn(identity, kubeconfig, "250ms", &[])
     }
 
+    /// An operator with the admin credentials and these extra `run` arguments.
+    pub fn operator_with_args(&self, identity: &str, extra: &[String]) -> Operator {
+        self.spawn(identity, self.shared.plane.kubeconfig(), "250ms", extra)
+    }
+
     pub fn operator_ticking(&self, identity: &str, tick: &str) -> Operator {
         self.spawn(identity, self.shared.plane.kubeconfig(), tick, &[])
     }
@@ -543,6 +548,10 @@ impl TestNs {
                     .flatten(),
             )
             .args(extra)
+            // The tests' shared storage is a directory of this machine (a hostPath).
+            .args(["--allow-host-path-under", "/tmp"])
+            .arg("--allow-host-path-under")
+            .arg(real_plane_dir())
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,kube=warn");
         let log = log_dir().join(format!("{}-{identity}.log", self.ns));
