@@ -58,10 +58,18 @@ pub enum Error {
 /// named as such; anything else is an error to retry.
 fn refused(object: String) -> impl FnOnce(kube::Error) -> Error {
     move |e| match e {
-        kube::Error::Api(s) if s.code == 422 || s.code == 400 => Error::Refused {
-            object,
-            message: s.message,
-        },
+        kube::Error::Api(s)
+            if s.code == 422
+                || s.code == 400
+                // The namespace's Pod Security level refuses the pod (a hostPath, a custom
+                // security context): the spec's doing, named; RBAC's 403s stay errors.
+                || (s.code == 403 && s.message.contains("PodSecurity")) =>
+        {
+            Error::Refused {
+                object,
+                message: s.message,
+            }
+        }
         other => Error::Kube(other),
     }
 }
@@ -133,6 +141,8 @@ pub(crate) struct ClusterState {
     budgets: Option<BTreeMap<Component, crate::protection::Budget>>,
     /// The LOG bootstrap decision this process last recorded (the cached status may lag).
     bootstrap: Option<crate::crd::LogBootstrap>,
+    /// The Secrets the spec names, found carrying the opt-in label, and when.
+    secrets_checked: Option<(Vec<String>, Instant)>,
     /// When the kernel was last read for this cluster.
     kernel_read_at: Option<Instant>,
 }
@@ -270,6 +280,11 @@ impl Context {
             .entry(uid.to_string())
             .or_default()
             .clone()
+    }
+
+    /// The API client requests go through.
+    pub fn client(&self) -> &Client {
+        &self.client
     }
 
     /// What the operator's configuration allows of a spec.
@@ -725,6 +740,23 @@ async fn apply(cluster: Arc<MatrixOneCluster>, ctx: Arc<Context>) -> Result<Requ
         // Someone changed or deleted an owned object: apply every one again now.
         state.applied = None;
         state.budgets = None;
+    }
+    // No pod names a Secret its owner did not open to clusters.
+    let secrets = crate::secrets::referenced(&cluster);
+    let fresh = state.secrets_checked.as_ref().is_some_and(|(names, at)| {
+        *names == secrets.iter().map(|(_, n)| n.clone()).collect::<Vec<_>>()
+            && at.elapsed() < ctx.settings.reapply_every
+    });
+    if !fresh {
+        let errors = crate::secrets::verify(&ctx.client, &ns, &secrets).await?;
+        if !errors.is_empty() {
+            state.secrets_checked = None;
+            return record_refusal(&*cluster, &previous, &errors, &mut state, &ctx).await;
+        }
+        state.secrets_checked = Some((
+            secrets.into_iter().map(|(_, n)| n).collect(),
+            Instant::now(),
+        ));
     }
     let pods = pods_of_cluster(&ctx, &ns, &name);
     let children = ensure_children(&cluster, &templates, config_map, &pods, &mut state, &ctx).await;

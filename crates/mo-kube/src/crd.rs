@@ -4,7 +4,8 @@
 //! the field: OpenAPI bounds and patterns per field, CEL rules where a rule spans fields.
 
 use k8s_openapi::api::core::v1::{
-    Affinity, LocalObjectReference, ResourceRequirements, Toleration, TopologySpreadConstraint,
+    Affinity, LocalObjectReference, PodSecurityContext, ResourceRequirements, SecurityContext,
+    Toleration, TopologySpreadConstraint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -227,6 +228,14 @@ pub struct PodSettings {
     /// Annotations of the pods (e.g. for a service mesh or a scraper).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pod_annotations: BTreeMap<String, String>,
+    /// The pods' security context, in place of the default one, which the `restricted` Pod
+    /// Security standard admits: UID/GID 1000 (not root), fsGroup 1000, seccomp RuntimeDefault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<PodSecurityContext>,
+    /// The MatrixOne container's security context, in place of the default one: no privilege
+    /// escalation, every capability dropped, not root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_security_context: Option<SecurityContext>,
 }
 
 /// A PersistentVolumeClaim per pod.

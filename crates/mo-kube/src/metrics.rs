@@ -101,6 +101,8 @@ pub struct Metrics {
     pub fenced_acts: Counter,
     /// 1 while a cluster's spec is refused (nothing is changed in it until it is fixed).
     pub spec_invalid: Family<ClusterLabels, Gauge>,
+    /// Drain-hook requests refused because they could not prove which pod sent them.
+    pub hook_refusals: Counter,
     /// Disruption reviews (webhook or preStop hook) refused because this replica is a standby.
     pub standby_refusals: Counter,
     /// When the webhook's serving certificate expires (Unix seconds; 0: no webhook).
@@ -139,6 +141,7 @@ impl Metrics {
         let reconcile_panics = Counter::default();
         let fenced_acts = Counter::default();
         let spec_invalid = Family::<ClusterLabels, Gauge>::default();
+        let hook_refusals = Counter::default();
         let reviews = Family::<ReviewLabels, Counter>::default();
         let review_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
         let reaction_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
@@ -233,11 +236,17 @@ impl Metrics {
             "1 while a cluster's spec is refused (nothing is changed in it until it is fixed)",
             spec_invalid.clone(),
         );
+        registry.register(
+            "hook_refusals",
+            "Drain-hook requests refused because they could not prove which pod sent them",
+            hook_refusals.clone(),
+        );
         Metrics {
             registry,
             reconcile_panics,
             fenced_acts,
             spec_invalid,
+            hook_refusals,
             reconciles,
             reconcile_seconds,
             actions,

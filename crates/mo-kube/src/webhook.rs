@@ -779,38 +779,81 @@ impl Webhook {
     }
 }
 
-/// Serves `router` over TLS on `listener` until the process ends.
+/// Serves `router` over TLS on `listener` until the process ends (see [`serve`]).
 pub async fn serve_tls(
     listener: tokio::net::TcpListener,
     config: Arc<rustls::ServerConfig>,
     router: Router,
 ) {
-    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    serve(
+        listener,
+        Some(tokio_rustls::TlsAcceptor::from(config)),
+        router,
+    )
+    .await
+}
+
+/// How long a client may take over its TLS handshake, and over a request's headers.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; more wait in the listen queue.
+pub const MAX_CONNECTIONS: usize = 512;
+
+/// Serves `router` on `listener` (over TLS when `tls` is given) until the process ends. A
+/// client that stalls its handshake or its headers is cut, and no more than
+/// [`MAX_CONNECTIONS`] are served at once: a slow or hostile client costs a bounded share.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    router: Router,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
-                tracing::warn!(error = %e, "webhook accept failed");
+                tracing::warn!(error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
-        let acceptor = acceptor.clone();
-        let router = router.clone();
+        let (tls, router) = (tls.clone(), router.clone());
         tokio::spawn(async move {
-            let tls = match acceptor.accept(stream).await {
-                Ok(tls) => tls,
-                Err(e) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-            };
+            let _slot = slot;
             let service = hyper_util::service::TowerToHyperService::new(router);
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
-                .await
-            {
-                tracing::debug!(%peer, error = %e, "webhook connection ended");
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT);
+            let served =
+                match tls {
+                    Some(acceptor) => {
+                        let stream =
+                            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
+                                .await
+                            {
+                                Ok(Ok(stream)) => stream,
+                                Ok(Err(e)) => {
+                                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                    return;
+                                }
+                                Err(_) => {
+                                    tracing::debug!(%peer, "TLS handshake timed out");
+                                    return;
+                                }
+                            };
+                        http.serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                            .await
+                    }
+                    None => {
+                        http.serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                            .await
+                    }
+                };
+            if let Err(e) = served {
+                tracing::debug!(%peer, error = %e, "connection ended");
             }
         });
     }
@@ -944,6 +987,43 @@ async fn delete_review(hook: &Webhook, request: &AdmissionRequest<DynamicObject>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client that sends half a request and then nothing is cut at the header timeout; the
+    /// server goes on serving others.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stalls_its_headers_is_cut() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        let router = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        tokio::spawn(serve(listener, None, router));
+        let mut stalled = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        stalled
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .expect("write");
+        let started = tokio::time::Instant::now();
+        let mut answer = Vec::new();
+        let _ = stalled.read_to_end(&mut answer).await;
+        let waited = started.elapsed();
+        assert!(
+            waited >= HEADER_TIMEOUT && waited < HEADER_TIMEOUT * 2,
+            "{waited:?}"
+        );
+        let mut fine = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        fine.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let mut answer = String::new();
+        fine.read_to_string(&mut answer).await.expect("read");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
     use rustls::client::danger::ServerCertVerifier;
 
     #[test]

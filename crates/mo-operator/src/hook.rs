@@ -22,6 +22,10 @@ pub struct Args {
     /// Pause between two questions.
     #[arg(long, default_value = "2s", value_parser = crate::operate::duration)]
     pub interval: Duration,
+    /// The token proving which pod asks (projected by the kubelet; read again at every
+    /// question, as the kubelet renews it).
+    #[arg(long, env = "MO_OPERATOR_TOKEN_FILE")]
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// Installs this executable at `path` (mode 0755).
@@ -65,9 +69,18 @@ pub async fn run(args: Args) -> Result<()> {
     loop {
         let mut reasons = Vec::new();
         let mut allowed = false;
+        let token = args
+            .token_file
+            .as_ref()
+            .and_then(|f| std::fs::read_to_string(f).ok())
+            .map(|t| t.trim().to_string());
         for url in &urls {
-            let answer = match client.post(url).json(&request).send().await {
-                Ok(r) if r.status().is_success() => r
+            let mut post = client.post(url).json(&request);
+            if let Some(token) = &token {
+                post = post.bearer_auth(token);
+            }
+            let answer = match post.send().await {
+                Ok(r) if r.status().is_success() || r.status() == 401 => r
                     .json::<HookAnswer>()
                     .await
                     .map_err(|e| format!("unreadable answer: {e}")),

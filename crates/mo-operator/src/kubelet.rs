@@ -160,6 +160,111 @@ pub struct DataPlane {
     next_ip: std::sync::atomic::AtomicU32,
     /// The process runtime (`--runtime process`).
     processes: Option<process::Runtime>,
+    /// Tokens projected into pods.
+    tokens: Arc<Tokens>,
+}
+
+/// ServiceAccount tokens this kubelet projects into pods (the `serviceAccountToken` sources of
+/// their projected volumes), issued by the API server's TokenRequest and bound to the pod, as a
+/// kubelet does; renewed at 80 % of their life.
+#[derive(Default)]
+pub(crate) struct Tokens {
+    /// (pod UID, audience) → the token and when to renew it.
+    issued: Mutex<BTreeMap<(String, String), (String, Instant)>>,
+}
+
+/// A pod's projected token sources: (audience, lifetime in seconds).
+fn token_sources(pod: &Pod) -> Vec<(String, i64)> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter_map(|v| v.projected.as_ref())
+        .flat_map(|p| p.sources.iter().flatten())
+        .filter_map(|s| s.service_account_token.as_ref())
+        .map(|t| {
+            (
+                t.audience.clone().unwrap_or_default(),
+                t.expiration_seconds.unwrap_or(3600),
+            )
+        })
+        .collect()
+}
+
+impl Tokens {
+    pub(crate) fn get(&self, uid: &str, audience: &str) -> Option<String> {
+        self.issued
+            .lock()
+            .expect("tokens lock")
+            .get(&(uid.to_string(), audience.to_string()))
+            .map(|(token, _)| token.clone())
+    }
+
+    /// Issues (or renews) the tokens of `pods`; forgets those of pods gone.
+    pub(crate) async fn issue(&self, client: &Client, pods: &[&Arc<Pod>]) {
+        use k8s_openapi::api::authentication::v1::{
+            BoundObjectReference, TokenRequest, TokenRequestSpec,
+        };
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let live: BTreeSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
+        self.issued
+            .lock()
+            .expect("tokens lock")
+            .retain(|(uid, _), _| live.contains(uid));
+        for pod in pods {
+            let (Some(uid), Some(ns)) = (pod.uid(), pod.namespace()) else {
+                continue;
+            };
+            for (audience, lifetime) in token_sources(pod) {
+                let key = (uid.clone(), audience.clone());
+                let due = self
+                    .issued
+                    .lock()
+                    .expect("tokens lock")
+                    .get(&key)
+                    .is_none_or(|(_, renew)| Instant::now() >= *renew);
+                if !due {
+                    continue;
+                }
+                let account = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.service_account_name.clone())
+                    .unwrap_or_else(|| "default".into());
+                let request = TokenRequest {
+                    spec: Some(TokenRequestSpec {
+                        audiences: Some(vec![audience.clone()]),
+                        expiration_seconds: Some(lifetime),
+                        bound_object_ref: Some(BoundObjectReference {
+                            api_version: Some("v1".into()),
+                            kind: Some("Pod".into()),
+                            name: Some(pod.name_any()),
+                            uid: Some(uid.clone()),
+                        }),
+                        ..TokenRequestSpec::default()
+                    }),
+                    ..TokenRequest::default()
+                };
+                let api: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
+                match api
+                    .create_token_request(&account, &PostParams::default(), &request)
+                    .await
+                {
+                    Ok(answer) => {
+                        let token = answer.status.and_then(|s| s.token).unwrap_or_default();
+                        let renew = Instant::now()
+                            + Duration::from_secs((lifetime.max(60) as u64) * 8 / 10);
+                        self.issued
+                            .lock()
+                            .expect("tokens lock")
+                            .insert(key, (token, renew));
+                    }
+                    Err(e) => {
+                        tracing::warn!(pod = %pod.name_any(), %account, error = %e, "cannot issue the pod's token (retried)")
+                    }
+                }
+            }
+        }
+    }
 }
 
 struct HookRun {
@@ -233,8 +338,24 @@ pub(crate) type StartHook<'a> = Box<dyn FnOnce() -> std::io::Result<std::process
 /// The simulated runtime's hook: the preStop exec command of the pod's first container, run
 /// on this machine. Our own binary named in the hook is this executable (the image is
 /// simulated, the hook is real).
-fn sim_hook(pod: &Pod) -> Option<StartHook<'static>> {
-    let (command, env) = pre_stop_command(pod)?;
+fn sim_hook(plane: &DataPlane, pod: &Pod) -> Option<StartHook<'static>> {
+    let (command, mut env) = pre_stop_command(pod)?;
+    // The projected token, where the hook on this machine can read it.
+    let uid = pod.uid().unwrap_or_default();
+    let audience = token_sources(pod).into_iter().next().map(|(a, _)| a);
+    if let Some(token) = audience.and_then(|a| plane.tokens.get(&uid, &a)) {
+        let dir = std::env::temp_dir()
+            .join(format!("mo-kubelet-tokens-{}", std::process::id()))
+            .join(&uid);
+        let file = dir.join("token");
+        if std::fs::create_dir_all(&dir).is_ok() && std::fs::write(&file, token).is_ok() {
+            env.retain(|(k, _)| k != mo_kube::hook_auth::ENV_TOKEN_FILE);
+            env.push((
+                mo_kube::hook_auth::ENV_TOKEN_FILE.to_string(),
+                file.display().to_string(),
+            ));
+        }
+    }
     // A hook installed by an init container exists only if the pod has that container
     // (this runtime runs no init containers; it checks the pod would have the binary).
     let installed = !command[0].starts_with(mo_kube::resources::HOOK_DIR)
@@ -579,6 +700,7 @@ pub async fn run(args: Args) -> Result<()> {
             1,
         ))),
         processes,
+        tokens: Arc::new(Tokens::default()),
     });
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
@@ -748,6 +870,11 @@ async fn tick(
             sims.insert(key.clone(), sim);
         }
     }
+    let with_tokens: Vec<&Arc<Pod>> = all_pods
+        .iter()
+        .filter(|p| !token_sources(p).is_empty())
+        .collect();
+    plane.tokens.issue(client, &with_tokens).await;
     let schedulable = fake_nodes(nodes, true);
     let mut load = node_load(&all_pods);
     let mut writes: Vec<(String, String, serde_json::Value)> = Vec::new();
@@ -885,7 +1012,7 @@ async fn tick(
                         .map(|s| Duration::from_secs(s.max(0) as u64));
                     // As the kubelet does: the preStop hook first, SIGTERM once it returned,
                     // with what is left of the grace period.
-                    match plane.pre_stop(pod, &uid, grace, sim_hook(pod)) {
+                    match plane.pre_stop(pod, &uid, grace, sim_hook(plane, pod)) {
                         PreStop::Running => {}
                         PreStop::Finished { remaining } => sim.model.pod_deleting(
                             &short,

@@ -139,6 +139,7 @@ struct Newest {
 
 struct Health {
     metrics: Arc<Metrics>,
+    hook_auth: mo_kube::hook_auth::HookAuth,
     ready: AtomicBool,
     /// Set once this replica leads: the drain hook's reviews need the controller's state.
     context: OnceLock<Arc<Context>>,
@@ -157,18 +158,44 @@ pub struct HookAnswer {
     pub reason: String,
 }
 
-/// The preStop hook of a deleted CN asks whether its instance may stop now.
+/// The preStop hook of a deleted CN asks whether its instance may stop now. Only the pod
+/// itself may ask: its token (projected by the kubelet for the hook's audience) is reviewed by
+/// the API server and must be bound to the very instance the request names.
 async fn drain_hook(
     State(h): State<Arc<Health>>,
+    headers: axum::http::HeaderMap,
     Json(request): Json<HookRequest>,
-) -> Json<HookAnswer> {
+) -> (StatusCode, Json<HookAnswer>) {
+    let refuse = |code: StatusCode, reason: String| {
+        (
+            code,
+            Json(HookAnswer {
+                allowed: false,
+                reason,
+            }),
+        )
+    };
     let Some(ctx) = h.context.get() else {
         h.metrics.standby_refusals.inc();
-        return Json(HookAnswer {
-            allowed: false,
-            reason: "this operator replica is a standby, not the leader: retry".into(),
-        });
+        return refuse(
+            StatusCode::OK,
+            "this operator replica is a standby, not the leader: retry".into(),
+        );
     };
+    let token = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let claim = mo_kube::hook_auth::Claim {
+        namespace: request.namespace.clone(),
+        pod: request.pod.clone(),
+        uid: request.uid.clone(),
+    };
+    if let Err(why) = h.hook_auth.verify(ctx.client(), token, &claim).await {
+        h.metrics.hook_refusals.inc();
+        tracing::warn!(namespace = %request.namespace, pod = %request.pod, %why, "drain-hook request refused");
+        return refuse(StatusCode::UNAUTHORIZED, why);
+    }
     let review = mo_kube::disruption::review(
         ctx.clone(),
         request.namespace,
@@ -178,10 +205,13 @@ async fn drain_hook(
         Door::PreStop,
     )
     .await;
-    Json(HookAnswer {
-        allowed: review.allowed,
-        reason: review.reason,
-    })
+    (
+        StatusCode::OK,
+        Json(HookAnswer {
+            allowed: review.allowed,
+            reason: review.reason,
+        }),
+    )
 }
 
 fn split_ref(text: &str, what: &str) -> Result<(String, String)> {
@@ -339,6 +369,7 @@ pub async fn run(args: Args) -> Result<()> {
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health {
         metrics: metrics.clone(),
+        hook_auth: Default::default(),
         ready: AtomicBool::new(false),
         context: OnceLock::new(),
     });
@@ -493,11 +524,8 @@ async fn serve_endpoints(listen: &str, health: Arc<Health>) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding {listen}"))?;
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "HTTP endpoints stopped");
-        }
-    });
+    // Header timeouts and a connection cap, as the webhooks have.
+    tokio::spawn(mo_kube::webhook::serve(listener, None, app));
     Ok(())
 }
 

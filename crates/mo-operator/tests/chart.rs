@@ -86,14 +86,25 @@ fn the_chart_lints_and_renders_with_default_and_non_default_values() {
         "Deployment",
         "Service",
         "PodDisruptionBudget",
+        "NetworkPolicy",
     ]
     .map(String::from)
     .into();
     assert_eq!(
         kinds(&defaults),
         expected,
-        "optional parts are off by default"
+        "optional parts are off by default; the NetworkPolicy is on"
     );
+    // The HTTP port takes CN pods (their preStop hook) and Prometheus; the webhook port the
+    // API server, which no pod selector names.
+    let policy = find(&defaults, "NetworkPolicy");
+    let http = &policy["spec"]["ingress"][1];
+    assert_eq!(http["ports"][0]["port"], 8080);
+    assert_eq!(
+        http["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"],
+        "cn"
+    );
+    assert_eq!(policy["spec"]["ingress"][0]["ports"][0]["port"], 9443);
     let deployment = find(&defaults, "Deployment");
     assert_eq!(deployment["spec"]["replicas"], 2);
     // The replicas prefer different nodes, and a budget keeps one answering the webhooks.
@@ -126,6 +137,14 @@ fn the_chart_lints_and_renders_with_default_and_non_default_values() {
     );
     let args = pod["containers"][0]["args"].to_string();
     assert!(args.contains("--watch-namespace=prod"), "{args}");
+    assert!(
+        args.contains("--allow-host-path-under=/var/lib/matrixone"),
+        "{args}"
+    );
+    assert_eq!(
+        find(&all, "NetworkPolicy")["spec"]["ingress"][0]["from"][0]["ipBlock"]["cidr"],
+        "10.0.0.0/24"
+    );
     assert!(
         args.contains("--hakeeper-discovery-address={cluster}-log-discovery.{namespace}.svc:32001"),
         "{args}"

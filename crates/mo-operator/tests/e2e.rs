@@ -981,3 +981,192 @@ async fn pods_their_kubelet_failed_are_replaced_and_the_cluster_recovers() {
         "the operator said why it deleted mo-tp-1: {events:?}"
     );
 }
+
+/// A token the API server issues for `audience`, bound to pod `pod` (as a kubelet asks).
+async fn pod_token(t: &TestNs, pod: &str, audience: &str) -> String {
+    use k8s_openapi::api::authentication::v1::{
+        BoundObjectReference, TokenRequest, TokenRequestSpec,
+    };
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let uid = t.pod(pod).await.and_then(|p| p.uid()).expect("pod uid");
+    let api: Api<ServiceAccount> = Api::namespaced(t.client.clone(), &t.ns);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: Some(vec![audience.to_string()]),
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.into()),
+                uid: Some(uid),
+            }),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    api.create_token_request("default", &Default::default(), &request)
+        .await
+        .expect("token request")
+        .status
+        .and_then(|s| s.token)
+        .expect("a token")
+}
+
+/// Only a CN pod itself may ask the operator whether it may stop: a request without a token,
+/// with another pod's token, or with a token for another audience is refused (401) and
+/// counted; the pod's own token is heard.
+#[tokio::test]
+async fn a_drain_hook_request_must_come_from_the_pod_it_names() {
+    let t = TestNs::new("e2e-hook-auth").await;
+    let op = t.operator_with_deployed_rbac("op");
+    t.create("mo", small_cluster("v1")).await.expect("create");
+    t.wait_ready("mo", READY_LIMIT).await;
+    let pod = t.pod("mo-tp-0").await.expect("pod");
+    let body = serde_json::json!({
+        "namespace": t.ns, "pod": "mo-tp-0", "uid": pod.uid().expect("uid"),
+    });
+    let url = format!("http://127.0.0.1:{}/v1/drain-hook", op.metrics_port);
+    let http = reqwest::Client::new();
+    let ask = |token: Option<String>| {
+        let mut post = http.post(&url).json(&body);
+        if let Some(token) = token {
+            post = post.bearer_auth(token);
+        }
+        async move {
+            let answer = post.send().await.expect("the operator answers");
+            let code = answer.status().as_u16();
+            let json: serde_json::Value = answer.json().await.expect("json");
+            (
+                code,
+                json["allowed"].as_bool(),
+                json["reason"].as_str().unwrap_or_default().to_string(),
+            )
+        }
+    };
+    let audience = mo_kube::hook_auth::AUDIENCE;
+    let forged = [
+        ("no token", None),
+        (
+            "another pod's token",
+            Some(pod_token(&t, "mo-tp-1", audience).await),
+        ),
+        (
+            "a token for another audience",
+            Some(
+                pod_token(
+                    &t,
+                    "mo-tp-0",
+                    "https://kubernetes.default.svc.cluster.local",
+                )
+                .await,
+            ),
+        ),
+        ("not a token", Some("x.y.z".to_string())),
+    ];
+    for (what, token) in forged {
+        let (code, allowed, reason) = ask(token).await;
+        assert_eq!((code, allowed), (401, Some(false)), "{what}: {reason}");
+        eprintln!("{what}: refused: {reason}");
+    }
+    let (code, allowed, reason) = ask(Some(pod_token(&t, "mo-tp-0", audience).await)).await;
+    assert_eq!((code, allowed), (200, Some(false)), "{reason}");
+    assert!(reason.contains("not being deleted"), "{reason}");
+    let metrics = op.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "mo_operator_hook_refusals_total 4"),
+        "{metrics}"
+    );
+}
+
+/// In a namespace whose Pod Security level is `restricted`, every pod the operator makes is
+/// admitted: the StatefulSets' LOG, TN and proxy pods, the CN pods with their hook installer,
+/// the pre-pull pods of an upgrade, and the pods an upgrade recreates.
+#[tokio::test]
+async fn every_pod_the_operator_makes_is_admitted_at_the_restricted_pod_security_level() {
+    let t = TestNs::new("e2e-restricted").await;
+    let out = t.kubectl(&[
+        "label",
+        "namespace",
+        &t.ns,
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/warn=restricted",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _op = t.operator_with_deployed_rbac("op");
+    let mut spec = small_cluster("v1");
+    // hostPath volumes are what the restricted level refuses first: S3 here.
+    spec["sharedStorage"] =
+        serde_json::json!({"s3": {"endpoint": "https://s3.example.com", "bucket": "mo-data"}});
+    t.create("mo", spec).await.expect("create");
+    t.wait_ready("mo", READY_LIMIT).await;
+    t.patch_spec("mo", serde_json::json!({"version": "v2"}))
+        .await;
+    let prepulls = std::sync::Mutex::new(BTreeSet::new());
+    wait_for("the upgrade to v2 completes", READY_LIMIT * 2, || async {
+        for p in t.pod_list().await {
+            if p.labels().contains_key("ops.matrixorigin.io/prepull") {
+                prepulls.lock().expect("lock").insert(p.name_any());
+            }
+        }
+        let status = t.cluster("mo").await.status?;
+        (status.rollout?.step == "complete").then_some(())
+    })
+    .await;
+    // The pre-pull pods live for a moment; the one this cluster makes on a node is
+    // admitted as such (a server-side dry run goes through the same admission).
+    let cluster = t.cluster("mo").await;
+    let pull = mo_kube::resources::prepull_pod(&cluster, "node-1", "v3");
+    let dry = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    t.pods()
+        .create(&dry, &pull)
+        .await
+        .expect("a pre-pull pod is admitted");
+    eprintln!(
+        "pre-pull pods seen during the upgrade: {:?}",
+        prepulls.into_inner().expect("lock")
+    );
+    let pods = t.pod_list().await;
+    assert!(pods.len() >= 7, "{}", pods.len());
+    for p in &pods {
+        let spec = p.spec.as_ref().expect("spec");
+        let context = spec
+            .security_context
+            .as_ref()
+            .expect("a pod security context");
+        assert_eq!(context.run_as_non_root, Some(true), "{}", p.name_any());
+        for c in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+        {
+            assert!(
+                c.resources
+                    .as_ref()
+                    .and_then(|r| r.requests.as_ref())
+                    .is_some(),
+                "{}/{}",
+                p.name_any(),
+                c.name
+            );
+        }
+    }
+    // Nothing the API server refused along the way (a refusal is a Warning event).
+    let out = t.kubectl(&["get", "events", "-n", &t.ns, "-o", "json"]);
+    let events: serde_json::Value = serde_json::from_slice(&out.stdout).expect("events");
+    let refused: Vec<&str> = events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["message"].as_str())
+        .filter(|m| m.contains("PodSecurity") || m.contains("violates"))
+        .collect();
+    assert!(refused.is_empty(), "{refused:?}");
+}

@@ -243,6 +243,70 @@ async fn every_hostile_spec_is_refused_by_render_the_api_server_and_the_operator
         );
     }
     t.wait_ready("good", READY_LIMIT).await;
+
+    // A Secret its owner did not open to clusters is not handed to the kernel: the cluster
+    // naming it is refused, naming the field, until the owner labels it.
+    let out = t.kubectl(&[
+        "create",
+        "secret",
+        "generic",
+        "app-db",
+        "-n",
+        &t.ns,
+        "--from-literal=password=s3cret",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut reader = base.clone();
+    reader["metadata"]["name"] = "reader".into();
+    set(
+        &mut reader,
+        "/spec/rootPasswordSecret",
+        serde_json::json!({"name": "app-db", "key": "password"}),
+    );
+    let (ok, stderr) = kubectl(&t, &["create"], &reader);
+    assert!(ok, "{stderr}");
+    let message = wait_for("reader refused", READY_LIMIT, || async {
+        let (status, reason, message) = t.condition("reader", "Degraded").await?;
+        (status == "True" && reason == "InvalidSpec").then_some(message)
+    })
+    .await;
+    assert!(
+        message.contains("spec.rootPasswordSecret.name"),
+        "{message}"
+    );
+    assert!(
+        !t.pod_names().await.iter().any(|p| p.starts_with("reader-")),
+        "no pod names the Secret"
+    );
+    let out = t.kubectl(&[
+        "label",
+        "secret",
+        "app-db",
+        "-n",
+        &t.ns,
+        "ops.matrixorigin.io/cluster-secret=true",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for(
+        "reader's pods made once the Secret is opened",
+        READY_LIMIT,
+        || async {
+            t.pod_names()
+                .await
+                .iter()
+                .any(|p| p.starts_with("reader-"))
+                .then_some(())
+        },
+    )
+    .await;
     eprintln!(
         "{} specs: {} refused by the API server and render, {} by the operator and render, {} valid",
         cases.len(),

@@ -26,6 +26,9 @@ const KNOWN_FLAGS: u8 = 0x7f;
 /// The kernel's default largest message body (100 MiB), plus its header allowance (10 MiB).
 pub const DEFAULT_MAX_BODY: usize = 100 << 20;
 const HEADER_ALLOWANCE: usize = 10 << 20;
+/// Flags, checksum, payload size, deadline, trace context and stream sequence take a few dozen
+/// bytes.
+const SMALL_HEADER_ALLOWANCE: usize = 64 << 10;
 /// The trace context the kernel writes: 16-byte trace id + 8-byte span id.
 pub const TRACE_CONTEXT_LEN: usize = 24;
 
@@ -210,7 +213,14 @@ pub fn decode(input: &[u8], max_body: usize) -> Result<Option<(Frame, usize)>, F
         return Err(FrameError::BadLength(total as i64));
     }
     let total = total as usize;
-    let limit = max_body.saturating_add(HEADER_ALLOWANCE);
+    // The kernel's own allowance for what precedes a body goes with its own limit; a tighter
+    // limit (a client reading one service's answers) allows what real headers take.
+    let allowance = if max_body >= DEFAULT_MAX_BODY {
+        HEADER_ALLOWANCE
+    } else {
+        SMALL_HEADER_ALLOWANCE
+    };
+    let limit = max_body.saturating_add(allowance);
     if total > limit {
         return Err(FrameError::TooBig { size: total, limit });
     }

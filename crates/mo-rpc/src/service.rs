@@ -12,6 +12,10 @@ pub trait Service: Send + Sync + 'static {
     const NAME: &'static str;
     /// The kernel's Go type is a `PayloadMessage` (frames carry the payload-size field).
     const PAYLOAD: bool;
+    /// The largest answer body this client reads for this service: well above what a real
+    /// cluster answers (a GetClusterDetails of hundreds of CNs is a few MiB), far below the
+    /// kernel's own 100 MiB, so a garbage length costs little.
+    const MAX_BODY: usize = 16 << 20;
 
     fn set_request_id(request: &mut Self::Request, id: u64);
     fn request_id(request: &Self::Request) -> u64;
@@ -64,6 +68,7 @@ impl Service for LockAllocator {
     type Request = lock::Request;
     type Response = lock::Response;
     const NAME: &'static str = "lock";
+    const MAX_BODY: usize = 4 << 20;
     const PAYLOAD: bool = false;
 
     request_id_is_field_1!();

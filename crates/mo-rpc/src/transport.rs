@@ -161,7 +161,7 @@ impl<S: Service> Endpoint<S> {
         let reader = tokio::spawn(read_answers::<S>(
             read,
             self.address.clone(),
-            self.options.max_body,
+            self.options.max_body.min(S::MAX_BODY),
             waiters.clone(),
             broken.clone(),
         ));
@@ -220,10 +220,26 @@ async fn read_answers<S: Service>(
 
 /// Buffers a byte stream into frames; never holds more than one frame's worth (bounded by
 /// the body limit) plus one read. An idle connection keeps a small buffer: an operator holds
-/// one connection per kernel service of every pod it manages.
+/// one connection per kernel service of every pod it manages. A frame larger than
+/// [`LARGE_FRAME`] is read only with its size reserved from [`FRAME_BUDGET`], shared by every
+/// connection of the process: garbage lengths from many kernels at once cannot together hold
+/// more than the budget (a reader waits its turn; its caller times out, which is uncertainty).
 struct FrameReader {
     buffer: Vec<u8>,
     max_body: usize,
+    reserved: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// Frames up to this size are read without a reservation.
+pub const LARGE_FRAME: usize = 256 << 10;
+/// Bytes of large frames all connections of the process may hold at once.
+pub const FRAME_BUDGET: usize = 64 << 20;
+
+fn frame_budget() -> Arc<tokio::sync::Semaphore> {
+    static BUDGET: std::sync::OnceLock<Arc<tokio::sync::Semaphore>> = std::sync::OnceLock::new();
+    BUDGET
+        .get_or_init(|| Arc::new(tokio::sync::Semaphore::new(FRAME_BUDGET)))
+        .clone()
 }
 
 /// What an idle connection's buffer shrinks back to after a large frame.
@@ -234,6 +250,7 @@ impl FrameReader {
         FrameReader {
             buffer: Vec::with_capacity(IDLE_BUFFER),
             max_body,
+            reserved: None,
         }
     }
 
@@ -246,10 +263,28 @@ impl FrameReader {
                     if self.buffer.is_empty() && self.buffer.capacity() > 4 * IDLE_BUFFER {
                         self.buffer = Vec::with_capacity(IDLE_BUFFER);
                     }
+                    self.reserved = None;
                     return Ok(Some(frame));
                 }
                 Ok(None) => {}
                 Err(e) => return Err(format!("bad frame: {e}")),
+            }
+            // The frame's length is known and within the limit: a large one waits for room.
+            if self.reserved.is_none() && self.buffer.len() >= 4 {
+                let announced = i32::from_be_bytes([
+                    self.buffer[0],
+                    self.buffer[1],
+                    self.buffer[2],
+                    self.buffer[3],
+                ]) as usize;
+                if announced > LARGE_FRAME {
+                    let bytes = announced.min(FRAME_BUDGET) as u32;
+                    let permit = frame_budget()
+                        .acquire_many_owned(bytes)
+                        .await
+                        .map_err(|e| format!("frame budget: {e}"))?;
+                    self.reserved = Some(permit);
+                }
             }
             // Read into the buffer's spare room (no fixed chunk is kept in the task while it
             // waits); a full buffer doubles.

@@ -588,3 +588,47 @@ async fn a_read_through_a_replica_goes_to_that_store_and_names_the_shard() {
     assert_eq!(seen[1].method, M::GetTruncate as i32);
     assert_eq!(seen[1].log_request.as_ref().map(|r| r.shard_id), Some(1));
 }
+
+/// A server that answers every request with a frame announcing `announced` bytes and then
+/// sends nothing more.
+async fn lying_server(announced: u32) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = [0u8; 4096];
+                let _ = stream.read(&mut request).await;
+                let _ = stream.write_all(&announced.to_be_bytes()).await;
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            });
+        }
+    });
+    address
+}
+
+/// A garbage length from a kernel is refused at once, by the limit of the service asked (a
+/// lock allocator's answers are small), not after waiting for 100 MiB that never come; a
+/// length within the limit is read (and here times out, as silence does).
+#[tokio::test]
+async fn an_answer_announcing_more_than_its_service_can_send_is_refused_at_once() {
+    let started = std::time::Instant::now();
+    let client = LockAllocatorClient::new(lying_server(8 << 20).await, options());
+    let e = client.set_restart_service("cn-a").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains("exceeds the limit"), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    let client = LockAllocatorClient::new(lying_server(1 << 20).await, options());
+    let e = client.set_restart_service("cn-a").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    let hakeeper = HaKeeperClient::new(
+        Discovery::Addresses(vec![lying_server(20 << 20).await]),
+        options(),
+    );
+    let e = hakeeper.get_cluster_state().await.unwrap_err();
+    assert!(e.to_string().contains("exceeds the limit"), "{e}");
+}

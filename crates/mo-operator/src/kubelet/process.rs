@@ -753,12 +753,13 @@ pub struct Runtime {
     pulled: Mutex<BTreeMap<String, BTreeSet<String>>>,
 }
 
-/// The objects pods name, watched.
+/// The objects pods name, watched, and the tokens issued to them.
 pub struct Sources {
     config_maps: Store<ConfigMap>,
     secrets: Store<Secret>,
     claims: Store<PersistentVolumeClaim>,
     services: Store<Service>,
+    tokens: Arc<super::Tokens>,
 }
 
 impl Objects for Sources {
@@ -770,6 +771,9 @@ impl Objects for Sources {
     }
     fn claim(&self, ns: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
         self.claims.get(&ObjectRef::new(name).within(ns))
+    }
+    fn token(&self, uid: &str, audience: &str) -> Option<String> {
+        self.tokens.get(uid, audience)
     }
 }
 
@@ -1417,6 +1421,7 @@ pub async fn run(
         secrets: cache(Api::all(client.clone()), watcher::Config::default()),
         claims: cache(Api::all(client.clone()), watcher::Config::default()),
         services: cache(Api::all(client.clone()), watcher::Config::default()),
+        tokens: plane.tokens.clone(),
     };
     sources.config_maps.wait_until_ready().await?;
     sources.secrets.wait_until_ready().await?;
@@ -1472,6 +1477,17 @@ async fn tick(
             bindings.push((pod.namespace().unwrap_or_default(), pod.name_any(), node));
         }
     }
+    let ours_with_tokens: Vec<&Arc<Pod>> = all
+        .iter()
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some_and(|n| ours.contains(n))
+                && !super::token_sources(p).is_empty()
+        })
+        .collect();
+    plane.tokens.issue(client, &ours_with_tokens).await;
     let outcome = runtime.step(plane, &all, &ours, sources);
     super::bind_pods(client, bindings).await;
     let failed = super::write_statuses(client, outcome.writes).await;

@@ -120,6 +120,8 @@ pub trait Objects {
     fn config_map(&self, namespace: &str, name: &str) -> Option<Arc<ConfigMap>>;
     fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>>;
     fn claim(&self, namespace: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>>;
+    /// The ServiceAccount token issued to pod instance `uid` for `audience`, once issued.
+    fn token(&self, uid: &str, audience: &str) -> Option<String>;
 }
 
 /// The pod as the runtime runs it: the object plus what only the runtime knows yet (its
@@ -706,6 +708,17 @@ pub fn volume_plan(
                 )?
             } else if let Some(d) = &source.downward_api {
                 downward_files(ctx, d.items.as_deref().unwrap_or_default(), p.default_mode)?
+            } else if let Some(t) = &source.service_account_token {
+                let audience = t.audience.clone().unwrap_or_default();
+                let uid = ctx.pod.metadata.uid.clone().unwrap_or_default();
+                let token = objects.token(&uid, &audience).ok_or_else(|| {
+                    ContainerError::mount(format!(
+                        "volume {:?}: the ServiceAccount token for {audience:?} is not issued yet",
+                        volume.name
+                    ))
+                })?;
+                let mode = p.default_mode.unwrap_or(0o600) as u32;
+                Files::from([(inside(&t.path)?, (token.into_bytes(), mode))])
             } else {
                 return Err(ContainerError::config(format!(
                     "volume {:?}: unsupported projected source",
@@ -897,6 +910,9 @@ mod tests {
         }
         fn claim(&self, ns: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
             named(&self.claims, ns, name).cloned().map(Arc::new)
+        }
+        fn token(&self, _: &str, _: &str) -> Option<String> {
+            None
         }
     }
 
