@@ -1511,7 +1511,7 @@ fn a_terminal_pod_is_replaced_and_every_door_lets_it_go() {
         .collect();
     assert_eq!(deleted, [("tn-0", "u-tn"), ("cn-1", "u-cn-1")]);
     // Sent once per resend interval, not on every tick.
-    obs.now = obs.now + Millis(500);
+    obs.now += Millis(500);
     let again = policy.decide(PolicyInput {
         observation: &obs,
         results: &[],
