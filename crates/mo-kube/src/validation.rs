@@ -147,7 +147,10 @@ pub fn check_object(
             format!("must be {kind}, not {}", object["kind"]),
         ));
     }
-    if object["metadata"]["name"].as_str().is_none_or(str::is_empty) {
+    if object["metadata"]["name"]
+        .as_str()
+        .is_none_or(str::is_empty)
+    {
         errors.push(FieldError::new("metadata.name", "Required value"));
     }
     let schema = &validator().schema;
