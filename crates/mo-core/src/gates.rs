@@ -189,12 +189,7 @@ pub fn cn_healthy(obs: &Observation, pod: &str, version: &str) -> Gate {
         ));
     }
     heard_since_start(obs, p, record.heartbeat_age)?;
-    if record.version != version {
-        return Err(format!(
-            "{pod}: HAKeeper reports version {}",
-            record.version
-        ));
-    }
+    reports_its_version(obs, p, record, version)?;
     if record.work_state != WorkState::Working {
         return Err(format!(
             "{pod}: work state {:?}, not Working",
@@ -202,6 +197,57 @@ pub fn cn_healthy(obs: &Observation, pod: &str, version: &str) -> Gate {
         ));
     }
     Ok(())
+}
+
+/// What a CN's process reports as its version (its `CommitID`) is the version its pod runs:
+/// the tag itself (a build stamped with it), or, as the kernel's own `Makefile` (the official
+/// images) stamps it, a git commit hash, then the same one every other CN on that image
+/// reports. The instance is known from its container (see [`heard_since_start`]); a version
+/// that cannot be read holds.
+fn reports_its_version(
+    obs: &Observation,
+    pod: &PodObservation,
+    record: &CnStoreView,
+    version: &str,
+) -> Gate {
+    let reported = record.version.as_str();
+    if reported == version {
+        return Ok(());
+    }
+    if !is_commit_hash(reported) {
+        return Err(format!(
+            "{}: HAKeeper reports version {reported:?}, not {version} nor a commit of it",
+            pod.name
+        ));
+    }
+    let Ok(details) = obs.hakeeper.as_ref() else {
+        return Ok(());
+    };
+    let others: Vec<&str> = obs
+        .pods_of(Component::Cn)
+        .filter(|q| q.name != pod.name && q.version == pod.version)
+        .filter_map(|q| q.cn_uuid.as_deref())
+        .filter_map(|uuid| cn_record(details, uuid))
+        .map(|r| r.version.as_str())
+        .filter(|v| is_commit_hash(v))
+        .collect();
+    match others.iter().find(|v| !same_commit(v, reported)) {
+        Some(other) => Err(format!(
+            "{}: reports commit {reported}, another CN on {version} reports {other}",
+            pod.name
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A git commit hash, as `git rev-parse --short` prints it (7 to 40 hex digits).
+pub fn is_commit_hash(text: &str) -> bool {
+    (7..=40).contains(&text.len()) && text.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Two hashes of one commit (one may be a longer prefix than the other).
+fn same_commit(a: &str, b: &str) -> bool {
+    a.starts_with(b) || b.starts_with(a)
 }
 
 /// Proxy: the pod runs `version` and routes to at least one Working CN.

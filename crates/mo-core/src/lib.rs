@@ -8,6 +8,7 @@ pub mod action;
 pub mod component;
 pub mod drain;
 pub mod gates;
+pub mod generation;
 pub mod observe;
 pub mod policy;
 pub mod rollout;

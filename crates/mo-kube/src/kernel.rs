@@ -246,7 +246,7 @@ pub fn cluster_details(
             start_epoch: info.up_time as u64,
             work_state: core_work_state(info.work_state),
             heartbeat_age: age(info.tick),
-            version: info.commit_id.clone(),
+            version: info.reported_version(),
         })
         .collect();
     let tn_pods: Vec<&Pod> = pods
@@ -1235,7 +1235,7 @@ mod tests {
                         tick: 990,
                         up_time: 77,
                         work_state: metadata::WorkState::Draining as i32,
-                        commit_id: "v2".into(),
+                        commit_id_before_v2: "v2".into(),
                         ..Default::default()
                     },
                 )]),

@@ -19,3 +19,110 @@ pub mod query {
 pub mod moerr {
     include!(concat!(env!("OUT_DIR"), "/moerr.rs"));
 }
+
+/// The version a CN reports (its `CommitID`), read from a HAKeeper of any generation. The field
+/// moved at v2.0.0 (`proto/logservice.proto`: `CNStoreInfo` 16 → 17, `CNStore` 15 → 16), and
+/// the old number then carries `ShardServiceAddress`:
+/// - the new number set: only a v2.0+ HAKeeper writes it, so that is the version;
+/// - else the old number holding a version (no `:`): a v1.2 HAKeeper's, or a v1.2 CN's that a
+///   v2.0+ HAKeeper filed under the address (a cluster half-way through its upgrade);
+/// - else (empty, or an address): the version cannot be read, and the text says why. It never
+///   equals a version (it has spaces), so whatever needs it holds.
+pub fn reported_version(before_v2: &str, from_v2: &str) -> String {
+    if !from_v2.is_empty() {
+        from_v2.to_string()
+    } else if before_v2.is_empty() {
+        "unknown (the CN reports no version)".to_string()
+    } else if before_v2.contains(':') {
+        format!(
+            "unknown (HAKeeper holds an address, {before_v2}, where a v1.2 kernel keeps the \
+             version: a CN of v2.0 or later that a v1.2 HAKeeper cannot read)"
+        )
+    } else {
+        before_v2.to_string()
+    }
+}
+
+impl logservice::CnStoreInfo {
+    /// See [`reported_version`].
+    pub fn reported_version(&self) -> String {
+        reported_version(&self.commit_id_before_v2, &self.commit_id_from_v2)
+    }
+}
+
+impl logservice::CnStore {
+    /// See [`reported_version`].
+    pub fn reported_version(&self) -> String {
+        reported_version(&self.commit_id_before_v2, &self.commit_id_from_v2)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::logservice::{CnStore, CnStoreInfo};
+    use prost::Message;
+    use prost::encoding::{int64, string, uint64};
+
+    /// A `CNStoreInfo` as a HAKeeper of each generation encodes it (field numbers from the
+    /// kernel's `proto/logservice.proto` at v1.2.4 and v2.0.0 … v4.2.0).
+    fn cn_store_info(generation_v2: bool, commit: &str, shard_address: &str) -> CnStoreInfo {
+        let mut bytes = Vec::new();
+        uint64::encode(1, &120, &mut bytes);
+        string::encode(2, &"10.0.0.5:6002".to_string(), &mut bytes);
+        int64::encode(15, &1717, &mut bytes);
+        if generation_v2 {
+            string::encode(16, &shard_address.to_string(), &mut bytes);
+            string::encode(17, &commit.to_string(), &mut bytes);
+        } else {
+            string::encode(16, &commit.to_string(), &mut bytes);
+        }
+        CnStoreInfo::decode(bytes.as_slice()).expect("decodes")
+    }
+
+    fn cn_store(generation_v2: bool, commit: &str, shard_address: &str) -> CnStore {
+        let mut bytes = Vec::new();
+        string::encode(1, &"cn-1".to_string(), &mut bytes);
+        int64::encode(14, &1717, &mut bytes);
+        if generation_v2 {
+            string::encode(15, &shard_address.to_string(), &mut bytes);
+            string::encode(16, &commit.to_string(), &mut bytes);
+        } else {
+            string::encode(15, &commit.to_string(), &mut bytes);
+        }
+        CnStore::decode(bytes.as_slice()).expect("decodes")
+    }
+
+    #[test]
+    fn the_version_a_cn_reports_is_read_from_every_generation() {
+        // v1.2.x: CommitID at 16 (CNStoreInfo) and 15 (CNStore).
+        assert_eq!(
+            cn_store_info(false, "v1.2.4", "").reported_version(),
+            "v1.2.4"
+        );
+        assert_eq!(
+            cn_store(false, "f2dd3978", "").reported_version(),
+            "f2dd3978"
+        );
+        // v2.0 and later: CommitID at 17 / 16; the old number holds the shard service address
+        // (empty by default, which the v1.2 numbering took for the version).
+        for address in ["", "10.0.0.5:6005"] {
+            assert_eq!(
+                cn_store_info(true, "43e871c1", address).reported_version(),
+                "43e871c1"
+            );
+            assert_eq!(
+                cn_store(true, "v3.0.15", address).reported_version(),
+                "v3.0.15"
+            );
+        }
+        // A v2.0+ CN heard by a v1.2 HAKeeper: its address in the version's place, its version
+        // dropped. Never taken for a version.
+        let misread = cn_store_info(false, "10.0.0.5:6005", "").reported_version();
+        assert!(misread.starts_with("unknown"), "{misread}");
+        assert!(
+            cn_store_info(false, "", "")
+                .reported_version()
+                .starts_with("unknown")
+        );
+    }
+}

@@ -157,7 +157,7 @@ async fn hakeeper_methods_against_the_kernels_logservice_server() {
     assert_eq!(cn.work_state, metadata::WorkState::Working as i32);
     assert_eq!((cn.tick, cn.up_time), (120, 1717));
     // The version a CN registers (the kernel's build commit), at v1.2.4's field number.
-    assert_eq!(cn.commit_id, "f2dd3978");
+    assert_eq!(cn.commit_id_before_v2, "f2dd3978");
     assert_eq!(cn.labels["account"].labels, ["acc1", "acc2"]);
     assert_eq!(details.tn_stores[0].lock_service_address, "10.0.2.10:22002");
     assert_eq!(details.tn_stores[0].shards[0].replica_id, 3);
@@ -178,7 +178,7 @@ async fn hakeeper_methods_against_the_kernels_logservice_server() {
         metadata::WorkState::Draining as i32
     );
     assert_eq!(cns.stores["cn-1"].up_time, 1717);
-    assert_eq!(cns.stores["cn-1"].commit_id, "f2dd3978");
+    assert_eq!(cns.stores["cn-1"].commit_id_before_v2, "f2dd3978");
     let shards = &state.log_state.as_ref().expect("log state").shards;
     assert_eq!(shards[&1].replicas[&shards[&1].leader_id], "log-2");
     // GetCNState is GET_CLUSTER_STATE on the wire.

@@ -214,7 +214,8 @@ fn checker_state(
                     query_address: at(QUERY_PORT),
                     work_state: kernel_work_state(cn.work_state) as i32,
                     up_time: cn.start_epoch as i64,
-                    commit_id: cn.version.clone(),
+                    // The simulated HAKeeper numbers fields as v1.2's does.
+                    commit_id_before_v2: cn.version.clone(),
                     ..Default::default()
                 },
             )
@@ -362,7 +363,7 @@ fn cluster_details(state: &logservice::CheckerState) -> logservice::ClusterDetai
                 work_state: c.work_state,
                 query_address: c.query_address,
                 up_time: c.up_time,
-                commit_id: c.commit_id,
+                commit_id_before_v2: c.commit_id_before_v2,
                 ..Default::default()
             })
             .collect(),
