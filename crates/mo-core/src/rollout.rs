@@ -316,6 +316,11 @@ pub struct Rollout {
     /// alarm instead of halting (cleared by the next progress).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub alarmed: bool,
+    /// Whether this rollout creates the cluster, recorded when it starts (no pod ran another
+    /// version than the target) and kept when the target changes on the way. None in a record written before the field
+    /// existed: then told from the versions, as it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation: Option<bool>,
 }
 
 /// What happened this step, for the policy to report.
@@ -330,11 +335,20 @@ pub struct StepReport {
 }
 
 impl Rollout {
-    pub fn start(spec: &UpgradeSpec, obs: &Observation) -> Rollout {
-        let previous = Component::ALL
-            .iter()
-            .filter_map(|c| obs.pods_of(*c).next().map(|p| (*c, p.version.clone())))
-            .collect();
+    /// A rollout to `spec`'s target. `replaced` is the rollout it takes over from, when the
+    /// target changed before that one completed: what the cluster ran before (the versions a
+    /// rollback restores) and whether this is its creation are kept from it; otherwise they
+    /// are read from every pod now.
+    pub fn start(spec: &UpgradeSpec, obs: &Observation, replaced: Option<&Rollout>) -> Rollout {
+        let unfinished = replaced.filter(|r| r.status != RolloutStatus::Complete);
+        // A creation: no pod runs another version than the target (none may exist yet).
+        let (previous, creation) = match unfinished {
+            Some(r) => (r.previous.clone(), r.is_creation()),
+            None => (
+                ran_before(obs),
+                obs.pods.iter().all(|p| p.version == spec.target_version),
+            ),
+        };
         Rollout {
             target: spec.target_version.clone(),
             previous,
@@ -353,14 +367,59 @@ impl Rollout {
             healthy_seen: false,
             more: Vec::new(),
             alarmed: false,
+            creation: Some(creation),
         }
     }
 
-    /// The rollout creates the cluster: no pod ran another version when it started. It has
-    /// nothing running to protect by stopping and no version to go back to, so a stall does
-    /// not halt it (under load, LOG pods can take longer than the stall timeout to start).
+    /// The rollout creates the cluster: no pod ran another version when it started (recorded
+    /// then, from every pod, and kept when the target changes: a target set back to the
+    /// version most pods still run is no creation). It
+    /// has nothing running to protect by stopping and no version to go back to, so a stall
+    /// does not halt it (under load, LOG pods can take longer than the stall timeout to start).
     pub fn is_creation(&self) -> bool {
-        self.previous.values().all(|v| *v == self.target)
+        self.creation
+            .unwrap_or_else(|| self.previous.values().all(|v| *v == self.target))
+    }
+
+    /// Whether the rollout, as it stands, restarts CN `pod` (instance `uid`) onto `version`:
+    /// running, in its CN phase, with a lane draining that instance for that version.
+    pub fn wants_cn_restart(&self, pod: &str, uid: &str, version: &str) -> bool {
+        self.status == RolloutStatus::Running
+            && self.component() == Some(Component::Cn)
+            && self.phase_version() == version
+            && self
+                .steps()
+                .any(|s| matches!(s, Step::DrainCn { pod: p, uid: u } if p == pod && u == uid))
+    }
+
+    /// The lanes a rollback keeps: a CN whose hand-over was requested cannot serve again, so
+    /// its lane stays (it is restarted onto the version the phase now goes back to, within
+    /// the phase's width); every other lane is dropped (its pod is picked again if it needs
+    /// to go back, a prepared CN's drain is taken back).
+    fn lanes_for_rollback(&mut self, drains: &mut [Drain]) {
+        let mut kept = Vec::new();
+        let steps: Vec<Step> = self.steps().cloned().collect();
+        for step in steps {
+            let Step::DrainCn { pod, uid } = &step else {
+                continue;
+            };
+            let drain = drains
+                .iter_mut()
+                .find(|d| d.is_active() && d.pod == *pod && d.pod_uid == *uid);
+            match drain {
+                Some(d) if d.hand_over_requested() || d.process_marked => kept.push(step),
+                Some(d) => d.cancel_requested = true,
+                None => {}
+            }
+        }
+        let mut lanes = kept.into_iter();
+        self.step = lanes.next().unwrap_or(Step::NextPod);
+        self.more = lanes
+            .map(|step| Lane {
+                step,
+                ..Lane::idle()
+            })
+            .collect();
     }
 
     /// Learns which extensions the kernel lacks from its answers to the rollout's calls.
@@ -447,6 +506,25 @@ impl Rollout {
         drains: &mut Vec<Drain>,
         actions: &mut Vec<Action>,
     ) -> StepReport {
+        let report = self.change_of_mind(obs, timing, drains);
+        if self.status != RolloutStatus::Running || report.halted.is_some() {
+            return report;
+        }
+        let Some(component) = self.component() else {
+            return report;
+        };
+        self.step_forward(obs, timing, component, drains, actions, report)
+    }
+
+    /// What a stall changes: a creation raises its alarm and keeps waiting, an upgrade halts or
+    /// rolls back. Judged before anything else moves in a tick (the drains of the CNs the
+    /// rollout prepared follow its decision), and idempotent within the tick.
+    pub fn change_of_mind(
+        &mut self,
+        obs: &Observation,
+        timing: &RolloutTiming,
+        drains: &mut [Drain],
+    ) -> StepReport {
         let mut report = StepReport::default();
         if matches!(self.status, RolloutStatus::Halted { .. }) && self.is_creation() {
             // Halted by an operator that still halted creations: resume, alarmed.
@@ -478,7 +556,7 @@ impl Rollout {
             {
                 self.rolling_back = true;
                 self.progress(now, Step::NextPod);
-                self.more.clear();
+                self.lanes_for_rollback(drains);
                 self.hold = Some(format!("rolling the {component} phase back: {reason}"));
             } else {
                 self.status = if self.rolling_back {
@@ -494,6 +572,18 @@ impl Rollout {
                 return report;
             }
         }
+        report
+    }
+
+    fn step_forward(
+        &mut self,
+        obs: &Observation,
+        timing: &RolloutTiming,
+        component: Component,
+        drains: &mut Vec<Drain>,
+        actions: &mut Vec<Action>,
+        mut report: StepReport,
+    ) -> StepReport {
         self.keep_tolerance(obs, component, timing, actions);
         if timing.pre_pull && !self.rolling_back {
             self.pre_pull(obs, timing, actions);
@@ -514,7 +604,7 @@ impl Rollout {
         actions: &mut Vec<Action>,
         report: &mut StepReport,
     ) {
-        let width = timing.parallelism(component, obs.pods_of(component).count());
+        let width = timing.parallelism(component, staying(obs, component));
         let first = Lane {
             step: self.step.clone(),
             absent_since: self.absent_since,
@@ -908,12 +998,14 @@ impl Rollout {
                 .map_err(|e| format!("cannot read HAKeeper: {e}"))
                 .and_then(gates::wal_writable),
             Component::Cn => {
-                // CNs draining, or restarting in another lane (its restart may not show yet).
+                // CNs draining, or in another lane: restarting (its restart may not show yet)
+                // or restarted and not yet through its window. A CN is prepared only while a
+                // proven one keeps serving: an unproven CN may yet crash in its window.
                 let draining: Vec<String> = drains
                     .iter()
                     .filter(|d| d.is_active() && d.stage < DrainStage::Released)
                     .map(|d| d.pod.clone())
-                    .chain(others.unavailable.iter().cloned())
+                    .chain(others.claimed.iter().cloned())
                     .collect();
                 gates::other_working_cn_excluding(obs, &pod.name, &draining)
             }
@@ -959,7 +1051,7 @@ impl Rollout {
             Component::Cn => {
                 let uuid = pod.cn_uuid.clone().unwrap_or_default();
                 if let Some(other) = drains
-                    .iter()
+                    .iter_mut()
                     .find(|d| d.is_active() && d.pod == pod.name && d.pod_uid == pod.uid)
                 {
                     if !matches!(other.purpose, DrainPurpose::Restart { .. }) {
@@ -969,8 +1061,10 @@ impl Rollout {
                         ));
                         return;
                     }
+                    // Its restart is this rollout's from now on.
+                    other.rollout = Some(self.target.clone());
                 } else {
-                    drains.push(Drain::new(
+                    let mut drain = Drain::new(
                         &pod.name,
                         &pod.uid,
                         &uuid,
@@ -978,7 +1072,9 @@ impl Rollout {
                             version: version.to_string(),
                         },
                         now,
-                    ));
+                    );
+                    drain.rollout = Some(self.target.clone());
+                    drains.push(drain);
                 }
                 self.progress(
                     now,
@@ -1102,8 +1198,7 @@ impl Rollout {
         }
         let left = match obs.proxy_connections.get(pod) {
             Some(Ok(0)) => {
-                let width =
-                    timing.parallelism(Component::Proxy, obs.pods_of(Component::Proxy).count());
+                let width = timing.parallelism(Component::Proxy, staying(obs, Component::Proxy));
                 if others.restarted.len() >= width {
                     // Its clients are gone (it stays out of its Service); the restart waits.
                     self.wait(format!(
@@ -1194,10 +1289,25 @@ impl Rollout {
     /// cannot be taken back, so it waits while restarted pods not yet through their stability
     /// window fill the phase's width (its sessions may move off meanwhile).
     pub fn hand_over_gate(&self, obs: &Observation, timing: &RolloutTiming, pod: &str) -> Gate {
-        if self.status != RolloutStatus::Running || self.component() != Some(Component::Cn) {
-            return Ok(());
+        // A hand-over cannot be taken back: none is asked while the rollout stands still or
+        // does not restart CNs (a halt never moves a pod forward).
+        match &self.status {
+            RolloutStatus::Running => {}
+            RolloutStatus::Halted { .. } | RolloutStatus::RolledBack { .. } => {
+                return Err(format!(
+                    "the rollout is halted: {pod} is not handed over (its drain is taken back)"
+                ));
+            }
+            RolloutStatus::Complete => {
+                return Err(format!("the rollout is complete: {pod} is not restarted"));
+            }
         }
-        let width = timing.parallelism(Component::Cn, obs.pods_of(Component::Cn).count());
+        if self.component() != Some(Component::Cn) {
+            return Err(format!(
+                "the rollout is not in its CN phase: {pod} is not handed over"
+            ));
+        }
+        let width = timing.parallelism(Component::Cn, staying(obs, Component::Cn));
         let restarted: Vec<&str> = std::iter::once(&self.step)
             .chain(self.more.iter().map(|l| &l.step))
             .filter(|s| s.restarted())
@@ -1309,6 +1419,33 @@ impl Rollout {
             }
         }
     }
+}
+
+/// The pods a phase's width is a share of: those that stay (a pod deleted, or being removed by
+/// a scale-in, is no share of what will serve).
+fn staying(obs: &Observation, component: Component) -> usize {
+    obs.pods_of(component)
+        .filter(|p| !p.terminating && !obs.desired.removals.iter().any(|r| r.pod == p.name))
+        .count()
+}
+
+/// What each component runs now, read from every pod (not the first listed): the version most
+/// of its pods run (ties: the lowest, so the answer does not depend on listing order).
+fn ran_before(obs: &Observation) -> BTreeMap<Component, String> {
+    Component::ALL
+        .iter()
+        .filter_map(|c| {
+            let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+            for p in obs.pods_of(*c) {
+                *counts.entry(p.version.as_str()).or_default() += 1;
+            }
+            let most = counts.values().copied().max()?;
+            counts
+                .into_iter()
+                .find(|(_, n)| *n == most)
+                .map(|(v, _)| (*c, v.to_string()))
+        })
+        .collect()
 }
 
 /// Lanes whose pod is out of service: working on it, and not yet held healthy for the window.

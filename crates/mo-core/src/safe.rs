@@ -6,9 +6,9 @@ use crate::action::{Action, Decision, PolicyNote};
 use crate::component::Component;
 use crate::drain::{Drain, DrainPurpose, DrainStage, DrainTiming};
 use crate::gates;
-use crate::observe::{EvictionRequest, Observation, PodPhase, RemovalReason};
+use crate::observe::{EvictionRequest, Observation, PodPhase, RemovalReason, WorkState};
 use crate::policy::{EvictionVerdict, Policy, PolicyInput};
-use crate::rollout::{MaxUnavailable, OnStall, Rollout, RolloutStatus, RolloutTiming};
+use crate::rollout::{MaxUnavailable, OnStall, Rollout, RolloutStatus, RolloutTiming, StepReport};
 use crate::time::{Millis, human};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -103,7 +103,7 @@ impl SafeConfig {
         }
     }
 
-    fn rollout_timing(&self) -> RolloutTiming {
+    pub fn rollout_timing(&self) -> RolloutTiming {
         RolloutTiming {
             stability_window: self.stability_window,
             stall_timeout: self.stall_timeout,
@@ -160,6 +160,8 @@ pub struct SafePolicy {
     serving_sent: BTreeMap<String, Millis>,
     /// When the deletion of each terminal pod instance (by UID) was last sent.
     terminal_sent: BTreeMap<String, Millis>,
+    /// When each CN instance (by pod UID) was last asked into service.
+    working_sent: BTreeMap<String, Millis>,
 }
 
 impl SafePolicy {
@@ -173,6 +175,7 @@ impl SafePolicy {
             reported: BTreeMap::new(),
             serving_sent: BTreeMap::new(),
             terminal_sent: BTreeMap::new(),
+            working_sent: BTreeMap::new(),
             persisted: std::cell::RefCell::new(None),
         }
     }
@@ -333,6 +336,122 @@ impl SafePolicy {
         }
     }
 
+    /// Every CN drain made for a restart follows the rollout as it stands now (running, halted,
+    /// rolled back, retargeted or gone), whatever changed its mind: one the rollout no longer
+    /// asks for is taken back while that can be (the CN returns to Working); one whose hand-over
+    /// was requested cannot serve again, so it is restarted only onto the version the cluster
+    /// goes to now (the CN phase's if the phase still holds it, else the version it runs), and
+    /// not at all while the rollout is halted.
+    fn follow_the_rollout(&mut self, obs: &Observation) {
+        let rollout = self.record.rollout.as_ref();
+        for d in self
+            .record
+            .drains
+            .iter_mut()
+            .filter(|d| d.is_active() && d.stage < DrainStage::Released)
+        {
+            let DrainPurpose::Restart { version } = &d.purpose else {
+                continue;
+            };
+            if d.rollout.is_none() {
+                // Not a rollout's (a withdrawn removal restarting its CN in place).
+                continue;
+            }
+            let version = version.clone();
+            if rollout.is_some_and(|r| r.wants_cn_restart(&d.pod, &d.pod_uid, &version)) {
+                d.release_held = None;
+                continue;
+            }
+            if !(d.hand_over_requested() || d.process_marked) {
+                d.cancel_requested = true;
+                continue;
+            }
+            let halted = rollout.is_some_and(|r| {
+                matches!(
+                    r.status,
+                    RolloutStatus::Halted { .. } | RolloutStatus::RolledBack { .. }
+                )
+            });
+            if halted {
+                d.release_held = Some(format!(
+                    "the rollout is halted; {} (its hand-over requested, it refuses new writes) \
+                     is restarted when the rollout resumes or rolls back, or when someone deletes it",
+                    d.pod
+                ));
+                continue;
+            }
+            d.release_held = None;
+            let in_phase = rollout.filter(|r| {
+                r.status == RolloutStatus::Running
+                    && r.component() == Some(Component::Cn)
+                    && r.steps().any(|s| s.pod() == Some(d.pod.as_str()))
+            });
+            let to = match in_phase {
+                Some(r) => r.phase_version(),
+                None => obs
+                    .pod(&d.pod)
+                    .map_or(version.clone(), |p| p.version.clone()),
+            };
+            if to != version {
+                d.purpose = DrainPurpose::Restart { version: to };
+            }
+        }
+    }
+
+    /// CNs register Draining (the operator renders `[cn] init-work-state = "draining"`): a CN
+    /// whose HAKeeper record was lost and re-created (it expired while the CN could not reach
+    /// HAKeeper) is then never routed to by the proxies on its own, which matters for a CN told
+    /// to restart (it refuses every new write for good). The operator puts into service, as
+    /// Working, a CN that is Ready, heard from by HAKeeper from its current container, with no
+    /// drain of its pod under way and not a process a hand-over was requested of.
+    fn put_cns_into_service(&mut self, obs: &Observation, actions: &mut Vec<Action>) {
+        let Ok(details) = obs.hakeeper.as_ref() else {
+            return;
+        };
+        self.working_sent
+            .retain(|uid, _| obs.pods.iter().any(|p| p.uid == *uid));
+        for pod in obs.pods_of(Component::Cn) {
+            if pod.phase != PodPhase::Running || !pod.ready || pod.terminating {
+                continue;
+            }
+            let Some(uuid) = pod.cn_uuid.as_deref() else {
+                continue;
+            };
+            let Some(record) = gates::cn_record(details, uuid) else {
+                continue;
+            };
+            if record.work_state == WorkState::Working
+                || record.heartbeat_age > obs.heartbeat_intervals.cn_fresh()
+                || gates::heard_since_start(obs, pod, record.heartbeat_age).is_err()
+            {
+                continue;
+            }
+            let instance = crate::drain::Instance::of(pod);
+            let held = self.record.drains.iter().any(|d| {
+                d.pod == pod.name
+                    && (d.is_active()
+                        || (d.pod_uid == pod.uid
+                            && d.end != Some(crate::drain::DrainEnd::Cancelled)
+                            && (d.hand_over_requested() || d.process_marked)
+                            && d.instance.is_none_or(|i| i == instance)))
+            });
+            if held {
+                continue;
+            }
+            let due = self
+                .working_sent
+                .get(&pod.uid)
+                .is_none_or(|t| obs.now - *t >= self.config.resend_after);
+            if due {
+                self.working_sent.insert(pod.uid.clone(), obs.now);
+                actions.push(Action::SetCnWorkState {
+                    uuid: uuid.to_string(),
+                    state: WorkState::Working,
+                });
+            }
+        }
+    }
+
     /// A pod whose containers stopped for good (`Failed`: evicted by its kubelet, its node shut
     /// down) holds nothing: its process is gone, so there is nothing to drain or wait for. Its
     /// object is deleted, bound to that instance, so that it is replaced (a StatefulSet
@@ -363,9 +482,34 @@ impl SafePolicy {
         }
     }
 
+    /// The rollout the spec asks for, and what it makes of its stalls, decided before anything
+    /// else moves in a tick: a drain of a CN the rollout prepared follows the rollout as it now
+    /// stands (a new target, a halt, a rollback), never as it stood.
+    fn change_of_mind(&mut self, obs: &Observation) -> StepReport {
+        if self.record.unreadable.is_some() {
+            return StepReport::default();
+        }
+        let Some(spec) = &obs.desired.upgrade else {
+            return StepReport::default();
+        };
+        let fresh = self
+            .record
+            .rollout
+            .as_ref()
+            .is_none_or(|r| r.target != spec.target_version);
+        if fresh {
+            let replaced = self.record.rollout.take();
+            self.record.rollout = Some(Rollout::start(spec, obs, replaced.as_ref()));
+        }
+        let timing = self.config.rollout_timing();
+        let rollout = self.record.rollout.as_mut().expect("set above");
+        rollout.change_of_mind(obs, &timing, &mut self.record.drains)
+    }
+
     fn upgrade(
         &mut self,
         obs: &Observation,
+        early: StepReport,
         actions: &mut Vec<Action>,
         notes: &mut Vec<PolicyNote>,
     ) {
@@ -374,20 +518,18 @@ impl SafePolicy {
             self.note_hold(notes, "rollout", format!("halted: {reason}"));
             return;
         }
-        let Some(spec) = &obs.desired.upgrade else {
+        if obs.desired.upgrade.is_none() {
             return;
-        };
-        let fresh = self
-            .record
-            .rollout
-            .as_ref()
-            .is_none_or(|r| r.target != spec.target_version);
-        if fresh {
-            self.record.rollout = Some(Rollout::start(spec, obs));
         }
         let timing = self.config.rollout_timing();
-        let rollout = self.record.rollout.as_mut().expect("set above");
-        let report = rollout.step(obs, &timing, &mut self.record.drains, actions);
+        let Some(rollout) = self.record.rollout.as_mut() else {
+            return;
+        };
+        let mut report = rollout.step(obs, &timing, &mut self.record.drains, actions);
+        // What the rollout decided earlier in this tick (see `change_of_mind`).
+        report.alarmed = report.alarmed.or(early.alarmed);
+        report.halted = report.halted.or(early.halted);
+        report.finished |= early.finished;
         if let Some(component) = report.phase_started {
             notes.push(PolicyNote::PhaseStarted { component });
         }
@@ -498,6 +640,8 @@ impl Policy for SafePolicy {
         }
         self.sync_removals(obs);
         self.sync_node_failures(obs);
+        let early = self.change_of_mind(obs);
+        self.follow_the_rollout(obs);
         // One drain per instance: a released drain whose pod came back under a newer drain
         // leaves the new instance to that drain.
         let owned: Vec<(String, String)> = self
@@ -560,8 +704,9 @@ impl Policy for SafePolicy {
             }
             .and_then(|()| match (&d.purpose, self.record.rollout.as_ref()) {
                 // A CN drained for the rollout may be drained while restarted CNs hold for
-                // their window; its hand-over (no way back) waits for the rollout's room.
-                (DrainPurpose::Restart { .. }, Some(rollout)) => {
+                // their window; its hand-over (no way back) waits for the rollout's room, and
+                // for a rollout that still restarts CNs.
+                (DrainPurpose::Restart { .. }, Some(rollout)) if d.rollout.is_some() => {
                     rollout.hand_over_gate(obs, &rollout_timing, &d.pod)
                 }
                 _ => Ok(()),
@@ -591,8 +736,9 @@ impl Policy for SafePolicy {
                 reason: "drain confirmed for this exact instance".into(),
             });
         }
-        self.upgrade(obs, &mut actions, &mut notes);
+        self.upgrade(obs, early, &mut actions, &mut notes);
         self.keep_proxies_in_service(obs, &mut actions);
+        self.put_cns_into_service(obs, &mut actions);
         self.replace_terminal_pods(obs, &mut actions);
         let holds: Vec<(String, String, bool)> = self
             .record

@@ -1551,3 +1551,518 @@ fn a_terminal_pod_is_replaced_and_every_door_lets_it_go() {
     );
     assert!(matches!(verdict, EvictionVerdict::Deny { .. }));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Rollouts under second thoughts: halts, rollbacks and spec changes never move a pod forward.
+
+use mo_core::drain::{Drain, DrainPurpose, DrainStage};
+use mo_core::rollout::{Rollout, Step};
+
+const CN_FIRST: &str = r#"{"cn":[],"log":["cn"],"tn":["log"],"proxy":["tn"]}"#;
+
+/// Three CNs in a CN-first upgrade to v2: cn-0 restarted onto v2 (in its stability window),
+/// cn-1 prepared for v2 in a second lane (its drain at `stage`, its hand-over requested or
+/// not). The rollout as `status` has it.
+fn prepared(
+    status: RolloutStatus,
+    stage: DrainStage,
+    handed_over: bool,
+) -> (SafePolicy, Observation) {
+    let mut o = wide(3, 2);
+    upgrade(&mut o, CN_FIRST);
+    let cn0 = o.pods.iter_mut().find(|p| p.name == "cn-0").expect("cn-0");
+    cn0.version = "v2".into();
+    cn0.uid = "u-cn-0b".into();
+    let d = o.hakeeper.as_mut().unwrap();
+    d.cns[0].version = "v2".into();
+    d.cns[1].work_state = WorkState::Draining;
+    let spec = o.desired.upgrade.clone().expect("upgrade");
+    let mut rollout = Rollout::start(&spec, &o, None);
+    rollout.creation = Some(false);
+    rollout.previous = Component::ALL
+        .iter()
+        .map(|c| (*c, "v1".to_string()))
+        .collect();
+    rollout.phase_started = true;
+    rollout.status = status;
+    rollout.step = Step::Verify {
+        pod: "cn-0".into(),
+        old_epoch: Some(10),
+        restarts: 0,
+        healthy_since: Some(o.now),
+    };
+    rollout.more = vec![
+        serde_json::from_value(serde_json::json!({
+            "step": {"step": "drain_cn", "pod": "cn-1", "uid": "u-cn-1"}
+        }))
+        .expect("a lane"),
+    ];
+    let mut drain = Drain::new(
+        "cn-1",
+        "u-cn-1",
+        "uuid-cn-1",
+        DrainPurpose::Restart {
+            version: "v2".into(),
+        },
+        o.now,
+    );
+    drain.stage = stage;
+    drain.rollout = Some("v2".into());
+    drain.start_epoch = Some(11);
+    drain.instance = Some(mo_core::drain::Instance::of(o.pod("cn-1").expect("cn-1")));
+    if handed_over {
+        drain.handshake_sent_at = Some(o.now);
+        drain.handshake_acked_at = Some(o.now);
+        drain.process_marked = true;
+    }
+    // Every CN's lock service and transaction list read: nothing old runs, cn-1 holds nothing.
+    for (_, activity) in o.cn_activity.iter_mut() {
+        if let Ok(a) = activity {
+            a.locks = Some(0);
+            a.live_lock_holders = Some(0);
+            a.oldest_txn = OldestTxn::NoneRunning;
+        }
+    }
+    let record = ProgressRecord {
+        format: mo_core::safe::RECORD_FORMAT,
+        rollout: Some(rollout),
+        drains: vec![drain],
+        ..ProgressRecord::default()
+    };
+    let p = SafePolicy::resume(
+        SafeConfig::default(),
+        &serde_json::to_string(&record).expect("record"),
+    );
+    o.now += Millis::from_secs(1);
+    (p, o)
+}
+
+fn sends(d: &Decision, what: fn(&Action) -> bool) -> bool {
+    d.actions.iter().any(what)
+}
+
+#[test]
+fn a_halt_takes_a_prepared_cn_back_and_never_hands_it_over() {
+    let halted = RolloutStatus::Halted {
+        reason: "cn-0 crashed in its window".into(),
+    };
+    let (mut p, o) = prepared(halted, DrainStage::HandOver, false);
+    let d = decide(&mut p, &o);
+    assert!(
+        !sends(&d, |a| matches!(a, Action::SetRestartService { .. })),
+        "{:?}",
+        d.actions
+    );
+    assert!(!sends(&d, |a| matches!(a, Action::RestartPod { .. })));
+    assert!(
+        d.actions.contains(&Action::SetCnWorkState {
+            uuid: "uuid-cn-1".into(),
+            state: WorkState::Working,
+        }),
+        "the prepared CN goes back to work: {:?}",
+        d.actions
+    );
+    // Whatever its drain says, a halted rollout hands nothing over.
+    let rollout = p.record().rollout.as_ref().expect("rollout");
+    let timing = SafeConfig::default().rollout_timing();
+    assert!(rollout.hand_over_gate(&o, &timing, "cn-1").is_err());
+}
+
+#[test]
+fn a_cn_handed_over_before_a_halt_is_not_restarted_while_halted() {
+    let halted = RolloutStatus::Halted {
+        reason: "cn-0 crashed in its window".into(),
+    };
+    let (mut p, mut o) = prepared(halted, DrainStage::Confirmed, true);
+    o.lock_allocator = Ok(AllocatorView {
+        restarting: BTreeMap::from([(
+            "uuid-cn-1".to_string(),
+            RestartAnswer {
+                can_restart: true,
+                remaining_txns: 0,
+            },
+        )]),
+        ..AllocatorView::default()
+    });
+    for _ in 0..5 {
+        let d = decide(&mut p, &o);
+        assert!(
+            !sends(&d, |a| matches!(
+                a,
+                Action::RestartPod { .. } | Action::DeletePod { .. }
+            )),
+            "{:?}",
+            d.actions
+        );
+        assert!(
+            !sends(&d, |a| matches!(
+                a,
+                Action::SetCnWorkState {
+                    state: WorkState::Working,
+                    ..
+                }
+            )),
+            "a marked CN never serves again: {:?}",
+            d.actions
+        );
+        o.now += Millis::from_secs(5);
+    }
+    let drain = &p.record().drains[0];
+    assert!(
+        drain
+            .release_held
+            .as_deref()
+            .is_some_and(|h| h.contains("halted")),
+        "{:?}",
+        drain.release_held
+    );
+}
+
+#[test]
+fn a_version_set_back_takes_a_prepared_cn_back_and_restarts_a_handed_over_one_in_place() {
+    // Not yet handed over: back to work, nothing restarted.
+    let (mut p, mut o) = prepared(RolloutStatus::Running, DrainStage::HandOver, false);
+    o.desired.upgrade.as_mut().expect("upgrade").target_version = "v1".into();
+    let d = decide(&mut p, &o);
+    assert!(
+        !sends(&d, |a| matches!(a, Action::SetRestartService { .. })),
+        "{:?}",
+        d.actions
+    );
+    assert!(!sends(
+        &d,
+        |a| matches!(a, Action::RestartPod { version, .. } if version == "v2")
+    ));
+    assert!(
+        d.actions.contains(&Action::SetCnWorkState {
+            uuid: "uuid-cn-1".into(),
+            state: WorkState::Working,
+        }),
+        "the prepared CN goes back to work: {:?}",
+        d.actions
+    );
+    // Handed over: it cannot serve again; it goes back onto the version it runs (v1, where the
+    // cluster now goes), never onto the abandoned v2.
+    let (mut p, mut o) = prepared(RolloutStatus::Running, DrainStage::Confirmed, true);
+    o.desired.upgrade.as_mut().expect("upgrade").target_version = "v1".into();
+    o.lock_allocator = Ok(AllocatorView {
+        restarting: BTreeMap::from([(
+            "uuid-cn-1".to_string(),
+            RestartAnswer {
+                can_restart: true,
+                remaining_txns: 0,
+            },
+        )]),
+        ..AllocatorView::default()
+    });
+    let mut restarted = Vec::new();
+    for _ in 0..5 {
+        let d = decide(&mut p, &o);
+        restarted.extend(d.actions.iter().filter_map(|a| match a {
+            Action::RestartPod { pod, version, .. } => Some((pod.clone(), version.clone())),
+            _ => None,
+        }));
+        o.now += Millis::from_secs(5);
+    }
+    assert!(
+        restarted.iter().all(|(_, v)| v == "v1"),
+        "nothing onto the abandoned version: {restarted:?}"
+    );
+}
+
+#[test]
+fn a_rollback_keeps_a_handed_over_cn_in_its_lane_and_sends_it_back_not_forward() {
+    let (p, mut o) = prepared(RolloutStatus::Running, DrainStage::Confirmed, true);
+    o.lock_allocator = Ok(AllocatorView {
+        restarting: BTreeMap::from([(
+            "uuid-cn-1".to_string(),
+            RestartAnswer {
+                can_restart: true,
+                remaining_txns: 0,
+            },
+        )]),
+        ..AllocatorView::default()
+    });
+    // cn-0 crashed in its window (its gate fails past the stall timeout): the phase rolls back.
+    o.pods
+        .iter_mut()
+        .find(|p| p.name == "cn-0")
+        .expect("cn-0")
+        .restarts = 1;
+    let config = SafeConfig {
+        on_stall: OnStall::Rollback,
+        ..SafeConfig::default()
+    };
+    let record = p.progress_record().expect("record");
+    let mut p = SafePolicy::resume(config, &record);
+    o.now += SafeConfig::default().stall_timeout;
+    let mut restarted = Vec::new();
+    let mut drained = Vec::new();
+    for _ in 0..5 {
+        let d = decide(&mut p, &o);
+        restarted.extend(d.actions.iter().filter_map(|a| match a {
+            Action::RestartPod { pod, version, .. } => Some((pod.clone(), version.clone())),
+            _ => None,
+        }));
+        drained.extend(d.actions.iter().filter_map(|a| match a {
+            Action::SetCnWorkState {
+                uuid,
+                state: WorkState::Draining,
+            } => Some(uuid.clone()),
+            _ => None,
+        }));
+        o.now += Millis::from_secs(5);
+    }
+    assert!(p.record().rollout.as_ref().is_some_and(|r| r.rolling_back));
+    assert!(
+        drained.is_empty(),
+        "no other CN is drained while cn-1 is down: {drained:?}"
+    );
+    assert!(
+        !restarted.iter().any(|(_, v)| v == "v2"),
+        "nothing goes forward while rolling back: {restarted:?}"
+    );
+    // cn-1 keeps its lane (the phase's one pod down): cn-0 goes back only after it.
+    let pods: std::collections::BTreeSet<&str> =
+        restarted.iter().map(|(pod, _)| pod.as_str()).collect();
+    assert_eq!(
+        pods.into_iter().collect::<Vec<_>>(),
+        ["cn-1"],
+        "one CN down at a time at width 1: {restarted:?}"
+    );
+}
+
+#[test]
+fn a_target_set_back_is_no_creation_and_keeps_what_ran_before() {
+    let (mut p, mut o) = prepared(RolloutStatus::Running, DrainStage::MarkDraining, false);
+    // The pods that run v2 list first.
+    o.pods.sort_by_key(|p| p.version != "v2");
+    o.desired.upgrade.as_mut().expect("upgrade").target_version = "v1".into();
+    decide(&mut p, &o);
+    let rollout = p.record().rollout.as_ref().expect("rollout");
+    assert_eq!(rollout.target, "v1");
+    assert!(!rollout.is_creation(), "the cluster was running");
+    assert_eq!(
+        rollout.previous.get(&Component::Cn).map(String::as_str),
+        Some("v1")
+    );
+    // From the pods alone, the version most of them run, not the first listed.
+    let spec = o.desired.upgrade.clone().expect("upgrade");
+    let fresh = Rollout::start(&spec, &o, None);
+    assert_eq!(
+        fresh.previous.get(&Component::Cn).map(String::as_str),
+        Some("v1")
+    );
+    assert!(!fresh.is_creation());
+    // Kept from the rollout it replaces, not read again: with most CNs on v2 already, or with
+    // every pod back on v1 (nothing moved), the set-back is still no creation and restores v1.
+    for moved in [vec!["cn-0", "cn-1"], vec![]] {
+        let (mut p, mut o) = prepared(RolloutStatus::Running, DrainStage::MarkDraining, false);
+        for pod in o.pods.iter_mut() {
+            if pod.component == Component::Cn {
+                pod.version = if moved.contains(&pod.name.as_str()) {
+                    "v2"
+                } else {
+                    "v1"
+                }
+                .into();
+            }
+        }
+        o.desired.upgrade.as_mut().expect("upgrade").target_version = "v1".into();
+        decide(&mut p, &o);
+        let rollout = p.record().rollout.as_ref().expect("rollout");
+        assert!(!rollout.is_creation(), "{moved:?}");
+        assert_eq!(
+            rollout.previous.get(&Component::Cn).map(String::as_str),
+            Some("v1"),
+            "{moved:?}"
+        );
+    }
+}
+
+#[test]
+fn with_two_cns_none_is_prepared_while_the_other_is_unproven() {
+    for (cns, prepared_expected) in [(2, false), (3, true)] {
+        let mut o = wide(cns, 2);
+        upgrade(&mut o, CN_FIRST);
+        // cn-0 restarted onto v2 and holds healthy for its window.
+        let spec = o.desired.upgrade.clone().expect("upgrade");
+        let mut rollout = Rollout::start(&spec, &o, None);
+        rollout.creation = Some(false);
+        rollout.phase_started = true;
+        let cn0 = o.pods.iter_mut().find(|p| p.name == "cn-0").expect("cn-0");
+        cn0.version = "v2".into();
+        o.hakeeper.as_mut().unwrap().cns[0].version = "v2".into();
+        rollout.step = Step::Verify {
+            pod: "cn-0".into(),
+            old_epoch: Some(10),
+            restarts: 0,
+            healthy_since: Some(o.now),
+        };
+        let record = ProgressRecord {
+            format: mo_core::safe::RECORD_FORMAT,
+            rollout: Some(rollout),
+            ..ProgressRecord::default()
+        };
+        let mut p = SafePolicy::resume(
+            SafeConfig::default(),
+            &serde_json::to_string(&record).expect("record"),
+        );
+        let marked = marked_within(&mut p, &mut o, 3);
+        assert_eq!(
+            !marked.is_empty(),
+            prepared_expected,
+            "{cns} CNs: {marked:?}"
+        );
+    }
+}
+
+#[test]
+fn a_cn_registered_draining_is_put_into_service_unless_its_process_was_marked() {
+    let mut o = cluster("v1");
+    o.hakeeper.as_mut().unwrap().cns[1].work_state = WorkState::Draining;
+    let mut p = SafePolicy::new(SafeConfig::default());
+    let d = decide(&mut p, &o);
+    let working = Action::SetCnWorkState {
+        uuid: "uuid-cn-1".into(),
+        state: WorkState::Working,
+    };
+    assert!(d.actions.contains(&working), "{:?}", d.actions);
+    // The same instance, told to restart by a drain that since finished: it stays Draining.
+    let mut drain = Drain::new(
+        "cn-1",
+        "u-cn-1",
+        "uuid-cn-1",
+        DrainPurpose::Remove {
+            why: "scale-in".into(),
+        },
+        o.now,
+    );
+    drain.instance = Some(mo_core::drain::Instance::of(o.pod("cn-1").expect("cn-1")));
+    drain.handshake_sent_at = Some(o.now);
+    drain.process_marked = true;
+    drain.stage = DrainStage::Finished;
+    let record = ProgressRecord {
+        format: mo_core::safe::RECORD_FORMAT,
+        drains: vec![drain],
+        ..ProgressRecord::default()
+    };
+    let mut p = SafePolicy::resume(
+        SafeConfig::default(),
+        &serde_json::to_string(&record).expect("record"),
+    );
+    let d = decide(&mut p, &o);
+    assert!(!d.actions.contains(&working), "{:?}", d.actions);
+    // Its container restarted since: a new process, put into service.
+    o.pods
+        .iter_mut()
+        .find(|p| p.name == "cn-1")
+        .expect("cn-1")
+        .restarts = 1;
+    let d = decide(&mut p, &o);
+    assert!(d.actions.contains(&working), "{:?}", d.actions);
+}
+
+/// A CN on its new image reports the version its process was built with: the tag itself (a
+/// build stamped with it), or, from the kernel's own Makefile (the official images), a commit
+/// hash, which every CN on that image reports alike. A version that cannot be read holds.
+#[test]
+fn the_cn_gate_takes_the_version_the_process_reports() {
+    let mut o = cluster("v3.0.15");
+    for pod in o.pods.iter_mut() {
+        pod.version = "v3.0.15".into();
+    }
+    let set = |o: &mut Observation, i: usize, v: &str| {
+        o.hakeeper.as_mut().unwrap().cns[i].version = v.into();
+    };
+    assert!(
+        gates::cn_healthy(&o, "cn-0", "v3.0.15").is_ok(),
+        "a stamped tag"
+    );
+    set(&mut o, 0, "43e871c1");
+    set(&mut o, 1, "43e871c1b0");
+    assert!(
+        gates::cn_healthy(&o, "cn-0", "v3.0.15").is_ok(),
+        "official images: a commit hash, the same on every CN of the image"
+    );
+    set(&mut o, 1, "0bbda669");
+    let e = gates::cn_healthy(&o, "cn-0", "v3.0.15").unwrap_err();
+    assert!(e.contains("another CN on v3.0.15 reports 0bbda669"), "{e}");
+    set(&mut o, 0, "unknown (the CN reports no version)");
+    let e = gates::cn_healthy(&o, "cn-0", "v3.0.15").unwrap_err();
+    assert!(e.contains("unknown"), "{e}");
+    // What v1.2 numbering made of a v2.0+ CN's record: its shard-service address (empty by
+    // default) in the version's place.
+    set(&mut o, 0, "");
+    assert!(gates::cn_healthy(&o, "cn-0", "v3.0.15").is_err());
+    set(&mut o, 0, "v3.0.14");
+    assert!(
+        gates::cn_healthy(&o, "cn-0", "v3.0.15").is_err(),
+        "another tag"
+    );
+}
+
+/// A phase's width is a share of the CNs that stay: one deleted (or being removed by a
+/// scale-in) is no share of what will serve, so it does not widen the phase.
+#[test]
+fn a_cn_on_its_way_out_is_no_share_of_the_width() {
+    let mut p = SafePolicy::new(SafeConfig {
+        cn_max_unavailable: MaxUnavailable::Percent(50),
+        ..SafeConfig::default()
+    });
+    let mut o = wide(4, 2);
+    upgrade(
+        &mut o,
+        r#"{"cn":[],"log":["cn"],"tn":["log"],"proxy":["tn"]}"#,
+    );
+    let uid = o.pod("cn-3").expect("cn-3").uid.clone();
+    o.desired.removals.push(RemovalRequest {
+        id: 1,
+        pod: "cn-3".into(),
+        uid,
+        reason: RemovalReason::ScaleIn,
+        requested_at: o.now,
+    });
+    let marked = marked_within(&mut p, &mut o, 3);
+    assert_eq!(
+        marked,
+        vec!["uuid-cn-0", "uuid-cn-3"],
+        "cn-3 drained for its removal, and 50% of the three CNs that stay"
+    );
+}
+
+/// A drain withdrawn through the kernel's cancel (the drain extension) returned its CN to work:
+/// though it asked for a hand-over, it keeps nothing out of service.
+#[test]
+fn a_cn_whose_drain_was_cancelled_is_put_into_service() {
+    let mut o = cluster("v1");
+    o.hakeeper.as_mut().unwrap().cns[1].work_state = WorkState::Draining;
+    let mut drain = Drain::new(
+        "cn-1",
+        "u-cn-1",
+        "uuid-cn-1",
+        DrainPurpose::Remove {
+            why: "scale-in".into(),
+        },
+        o.now,
+    );
+    drain.instance = Some(mo_core::drain::Instance::of(o.pod("cn-1").expect("cn-1")));
+    drain.begin_drain_sent_at = Some(o.now);
+    drain.stage = DrainStage::Finished;
+    drain.end = Some(mo_core::drain::DrainEnd::Cancelled);
+    let record = ProgressRecord {
+        format: mo_core::safe::RECORD_FORMAT,
+        drains: vec![drain],
+        ..ProgressRecord::default()
+    };
+    let mut p = SafePolicy::resume(
+        SafeConfig::default(),
+        &serde_json::to_string(&record).expect("record"),
+    );
+    let d = decide(&mut p, &o);
+    let working = Action::SetCnWorkState {
+        uuid: "uuid-cn-1".into(),
+        state: WorkState::Working,
+    };
+    assert!(d.actions.contains(&working), "{:?}", d.actions);
+}

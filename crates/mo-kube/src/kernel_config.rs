@@ -273,6 +273,11 @@ fn render_table(
                 "cn".into(),
                 table([
                     ("uuid", s(UUID)),
+                    // A CN registers Draining and the operator puts it into service: a record
+                    // HAKeeper lost and re-created (a CN cut off from it past its expiry) never
+                    // brings a CN back to the proxies on its own, least of all one told to
+                    // restart, which refuses every new write.
+                    ("init-work-state", s("draining")),
                     ("listen-address", at(CN_PIPELINE)),
                     ("service-address", at(CN_PIPELINE)),
                     ("sql-address", at(CN_SQL)),

@@ -175,7 +175,7 @@ async fn a_real_cluster_serves_sql_registers_every_store_and_survives_log_restar
     );
     // The version each CN registers (stamped into the kernel's build).
     for cn in &details.cn_stores {
-        assert_eq!(cn.commit_id, "v1.2.4", "{}", cn.uuid);
+        assert_eq!(cn.commit_id_before_v2, "v1.2.4", "{}", cn.uuid);
     }
     let cluster = t.cluster("mo").await;
     let bootstrap = cluster
@@ -339,7 +339,7 @@ async fn the_kernel_facts_the_engine_relies_on_hold_on_the_real_kernel() {
     through_proxy.commit().await.expect("commit");
 
     // 2. The version each CN registers is the one stamped into its build.
-    assert_eq!(cn_record(&t, "mo-ap-0").await.commit_id, "v1.2.4");
+    assert_eq!(cn_record(&t, "mo-ap-0").await.commit_id_before_v2, "v1.2.4");
 
     // 3. `(true, 0)` is the allocator's answer for a service it does not know.
     let allocator = mo_rpc::LockAllocatorClient::new(
@@ -1198,6 +1198,349 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
         .expect("details")
         .cn_stores
     {
-        assert_eq!(cn.commit_id, "v1.2.4");
+        assert_eq!(cn.commit_id_before_v2, "v1.2.4");
     }
+}
+
+/// A CN drain of `version`'s rollout whose hand-over is not yet requested, on a pod that does
+/// not run that version yet, while another CN already does: a CN prepared during another's
+/// stability window.
+fn prepared_cn(
+    status: &mo_kube::crd::MatrixOneClusterStatus,
+    pods: &[Pod],
+    version: &str,
+) -> Option<String> {
+    let cn_on = |v: &str| {
+        pods.iter()
+            .filter(|p| p.name_any().starts_with("mo-tp-") && image_tag(p) == v)
+            .count()
+    };
+    status
+        .drains
+        .iter()
+        .find(|d| {
+            d.purpose == format!("restart on {version}")
+                && matches!(d.stage.as_str(), "MarkDraining" | "MigrateSessions")
+                && pods.iter().any(|p| {
+                    p.name_any() == d.pod
+                        && p.uid().as_deref() == Some(&d.pod_uid)
+                        && image_tag(p) != version
+                })
+        })
+        .filter(|_| cn_on(version) >= 1)
+        .map(|d| d.pod.clone())
+}
+
+fn image_tag(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first()?.image.clone())
+        .and_then(|i| i.rsplit_once(':').map(|(_, tag)| tag.to_string()))
+        .unwrap_or_default()
+}
+
+fn created_ms(pod: &Pod) -> u64 {
+    pod.metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(0, |t| t.0.as_millisecond().max(0) as u64)
+}
+
+/// Where the test stands in its change-of-mind scenario.
+#[derive(Debug, PartialEq)]
+enum Mind {
+    /// Upgrading to v1.2.4, waiting for two CNs on it and a third prepared.
+    Forward,
+    /// The version set back to v1.2.3: waiting for the operator's rollout to follow.
+    SetBack,
+    /// Going back to v1.2.3, waiting for a CN prepared in its CN phase.
+    Back,
+    /// The CN restarted in the rollback's window killed and the stall timeout shortened:
+    /// waiting for the halt.
+    Halting,
+}
+
+/// Second thoughts on the real kernel, under DML through the proxy: an upgrade v1.2.3 → v1.2.4
+/// set back to v1.2.3 in its CN phase with a CN prepared, then, in the rollback's CN phase
+/// with a CN prepared again, the restarted CN crashed and the rollout halted on its stall.
+/// Nothing moves onto the abandoned version after the operator saw the change, the prepared
+/// CN is taken back (Working, no drain), nothing is deleted while halted, and no transaction
+/// is lost outside the TN's restarts and the crash the test causes.
+#[tokio::test]
+async fn a_version_set_back_and_a_halt_with_a_prepared_cn_move_nothing_forward_on_the_real_kernel()
+{
+    let _serial = one_at_a_time().await;
+    use_data_plane(DataPlane::RealKernel);
+    let t = TestNs::new("real-mind").await;
+    let _operator = t.operator_with_deployed_rbac("op-1");
+    let mut spec = real_cluster(&t, "v1.2.3");
+    spec["cn"]["groups"] = serde_json::json!([{"name": "tp", "replicas": 3}]);
+    t.create("mo", spec).await.expect("create");
+    t.wait_ready("mo", READY_LIMIT).await;
+    let deletions = DeletionLog::watch(&t).await;
+    // Every pod instance seen: uid → (pod, image tag, creation in Unix ms).
+    let mut instances = std::collections::BTreeMap::<String, (String, String, u64)>::new();
+    let proxy = target(&t, "mo-proxy-0").await;
+    let tables = vec!["m1".to_string(), "m2".to_string()];
+    mo_sqlload::prepare(&proxy, "mind", &tables, 100)
+        .await
+        .expect("prepare");
+    let mut config = mo_sqlload::WorkloadConfig::new(
+        vec![mo_sqlload::TargetLoad {
+            target: proxy.clone(),
+            clients: 4,
+        }],
+        "mind",
+        tables,
+    );
+    config.recent_failures = 10_000;
+    let workload = mo_sqlload::Workload::start(config).await.expect("workload");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let started = Instant::now();
+    t.patch_spec("mo", serde_json::json!({"version": "v1.2.4"}))
+        .await;
+    let mut mind = Mind::Forward;
+    // (rollout target, phase, first seen in Unix ms)
+    let mut phases: Vec<(String, String, u64)> = Vec::new();
+    let mut switched_ms = 0;
+    let mut killed: Option<(String, u64)> = None;
+    let mut prepared_forward = String::new();
+    let mut prepared_back = String::new();
+    let halted_ms = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(1800),
+            "stuck at {mind:?}: {phases:?}"
+        );
+        let status = t.cluster("mo").await.status.unwrap_or_default();
+        let pods: Vec<Pod> = t
+            .pod_list()
+            .await
+            .into_iter()
+            .filter(|p| !p.labels().contains_key(mo_kube::resources::LABEL_PREPULL))
+            .collect();
+        for p in &pods {
+            instances
+                .entry(p.uid().unwrap_or_default())
+                .or_insert_with(|| (p.name_any(), image_tag(p), created_ms(p)));
+        }
+        let (target_version, step) = status
+            .rollout
+            .as_ref()
+            .map(|r| (r.target.clone(), r.step.clone()))
+            .unwrap_or_default();
+        let phase = step
+            .strip_prefix("upgrade ")
+            .and_then(|s| s.split(':').next())
+            .unwrap_or(&step)
+            .to_string();
+        if phases
+            .last()
+            .is_none_or(|(v, p, _)| *v != target_version || *p != phase)
+        {
+            println!(
+                "{:>6.1} s: {target_version} {step}",
+                started.elapsed().as_secs_f64()
+            );
+            phases.push((target_version.clone(), phase.clone(), unix_ms_now()));
+        }
+        match mind {
+            Mind::Forward => {
+                assert!(!step.starts_with("halted"), "the upgrade stopped: {step}");
+                let on_new = pods
+                    .iter()
+                    .filter(|p| p.name_any().starts_with("mo-tp-") && image_tag(p) == "v1.2.4")
+                    .count();
+                if let Some(pod) = prepared_cn(&status, &pods, "v1.2.4").filter(|_| on_new >= 2) {
+                    println!("{pod} prepared for v1.2.4: the version is set back");
+                    prepared_forward = pod;
+                    t.patch_spec("mo", serde_json::json!({"version": "v1.2.3"}))
+                        .await;
+                    mind = Mind::SetBack;
+                }
+            }
+            Mind::SetBack => {
+                if target_version == "v1.2.3" {
+                    switched_ms = unix_ms_now();
+                    mind = Mind::Back;
+                }
+            }
+            Mind::Back => {
+                assert!(!step.starts_with("halted"), "the rollback stopped: {step}");
+                if let Some(pod) = prepared_cn(&status, &pods, "v1.2.3").filter(|_| phase == "cn") {
+                    // The CN restarted in this phase and still in its window: the one the
+                    // prepared CN waits on.
+                    let restarted = pods
+                        .iter()
+                        .find(|p| {
+                            p.name_any().starts_with("mo-tp-")
+                                && p.name_any() != pod
+                                && image_tag(p) == "v1.2.3"
+                                && created_ms(p) > switched_ms
+                        })
+                        .map(|p| p.name_any());
+                    if let Some(restarted) = restarted {
+                        println!("{pod} prepared for v1.2.3: {restarted} crashes in its window");
+                        prepared_back = pod;
+                        t.patch_spec(
+                            "mo",
+                            serde_json::json!({"upgrade": {"stallTimeout": "15s"}}),
+                        )
+                        .await;
+                        let url = format!(
+                            "{}/v1/namespaces/{}/pods/{restarted}/kill?signal=KILL&container=main",
+                            t.shared.admin, t.ns
+                        );
+                        let answer = reqwest::Client::new()
+                            .post(&url)
+                            .send()
+                            .await
+                            .expect("kill");
+                        assert!(answer.status().is_success(), "{}", answer.status());
+                        killed = Some((restarted, unix_ms_now()));
+                        mind = Mind::Halting;
+                    }
+                }
+            }
+            Mind::Halting => {
+                if step.starts_with("halted") {
+                    break unix_ms_now();
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let (crashed, killed_ms) = killed.expect("a CN crashed in the rollback's window");
+
+    // Halted: the prepared CN is taken back and every CN serves; nothing is deleted.
+    wait_for(
+        "no drain left and every CN Working in HAKeeper",
+        Duration::from_secs(120),
+        || async {
+            let drains = t.cluster("mo").await.status?.drains;
+            let cns = hakeeper(&t)
+                .await
+                .get_cluster_details()
+                .await
+                .ok()?
+                .cn_stores;
+            let working = cns.len() == 3
+                && cns
+                    .iter()
+                    .all(|c| c.work_state == mo_rpc::pb::metadata::WorkState::Working as i32);
+            (drains.is_empty() && working).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let quiet_from = unix_ms_now();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let end = workload.stop().await;
+    let deleted = deletions.snapshot();
+    let status = t.cluster("mo").await.status.expect("status");
+    let step = status.rollout.as_ref().map(|r| r.step.clone());
+    assert!(
+        step.as_deref().is_some_and(|s| s.starts_with("halted")),
+        "still halted: {step:?}"
+    );
+    let after_halt: Vec<_> = deleted.values().filter(|(_, at)| *at > halted_ms).collect();
+    assert!(
+        after_halt.is_empty(),
+        "nothing deleted while halted: {after_halt:?}"
+    );
+
+    // Nothing moved onto the abandoned version once the operator followed the change: an
+    // instance on v1.2.4 created after it replaces one whose deletion came before it.
+    for (uid, (pod, tag, created)) in &instances {
+        if tag != "v1.2.4" || *created <= switched_ms {
+            continue;
+        }
+        let asked_before = deleted
+            .values()
+            .any(|(p, at)| p == pod && *at <= switched_ms);
+        assert!(
+            asked_before,
+            "{pod} ({uid}) was moved onto the abandoned v1.2.4 after the set-back: {instances:?} {deleted:?}"
+        );
+    }
+    let prepared_uids: Vec<&String> = instances
+        .iter()
+        .filter(|(_, (p, _, _))| *p == prepared_forward)
+        .map(|(u, _)| u)
+        .collect();
+    let prepared_tags: BTreeSet<&str> = instances
+        .values()
+        .filter(|(p, _, _)| *p == prepared_forward)
+        .map(|(_, tag, _)| tag.as_str())
+        .collect();
+    assert!(
+        !prepared_tags.contains("v1.2.4"),
+        "{prepared_forward}, prepared for v1.2.4 when the version went back, never ran it: {prepared_uids:?} {prepared_tags:?}"
+    );
+
+    // Losses: only the TN's restarts and the crash the test caused (its sessions' open
+    // transactions, until the CN is back).
+    let mut tn_windows = Vec::new();
+    for (i, (_, phase, from)) in phases.iter().enumerate() {
+        if phase != "tn" {
+            continue;
+        }
+        let until = phases.get(i + 1).map_or(u64::MAX, |(_, _, at)| *at);
+        let deleted_tn = deleted
+            .values()
+            .filter(|(pod, at)| pod == "mo-tn-0" && *at <= until)
+            .map(|(_, at)| *at)
+            .filter(|at| at + 60_000 >= *from)
+            .min()
+            .unwrap_or(*from);
+        tn_windows.push(deleted_tn.min(*from)..=until);
+    }
+    let crash = killed_ms..=killed_ms + 30_000;
+    let unexplained: Vec<_> = end
+        .recent_failures
+        .iter()
+        .filter(|f| !matches!(f.outcome, mo_sqlload::FailureOutcome::ConnectError))
+        .filter(|f| {
+            !crash.contains(&f.unix_ms) && !tn_windows.iter().any(|w| w.contains(&f.unix_ms))
+        })
+        .collect();
+    let lost_in = |window: &dyn Fn(u64) -> bool| {
+        end.recent_failures
+            .iter()
+            .filter(|f| !matches!(f.outcome, mo_sqlload::FailureOutcome::ConnectError))
+            .filter(|f| window(f.unix_ms))
+            .count()
+    };
+    let lost_to_tn = lost_in(&|at| tn_windows.iter().any(|w| w.contains(&at)));
+    let lost_to_crash =
+        lost_in(&|at| crash.contains(&at) && !tn_windows.iter().any(|w| w.contains(&at)));
+    let after_quiet = end
+        .recent_failures
+        .iter()
+        .filter(|f| f.unix_ms >= quiet_from)
+        .count();
+    let figures = serde_json::json!({
+        "seconds": started.elapsed().as_secs_f64(),
+        "committed": end.committed,
+        "failed_by_code": end.failed_by_code,
+        "unknown_by_code": end.unknown_by_code,
+        "prepared_when_set_back": prepared_forward,
+        "prepared_when_halted": prepared_back,
+        "crashed": crashed,
+        "lost_to_the_tn_restarts": lost_to_tn,
+        "lost_to_the_crash": lost_to_crash,
+        "phases": phases.iter().map(|(v, p, _)| format!("{v} {p}")).collect::<Vec<_>>(),
+    });
+    println!("second thoughts: {figures}");
+    write_figure("real-change-of-mind.json", &figures);
+    assert!(
+        unexplained.is_empty(),
+        "no transaction lost outside the TN's restarts and the test's crash: {unexplained:#?} \
+         (TN {tn_windows:?}, crash {crash:?}) {figures}"
+    );
+    assert_eq!(after_quiet, 0, "the halted cluster serves: {figures}");
+    assert!(
+        phases.iter().any(|(v, p, _)| v == "v1.2.3" && p == "log"),
+        "the set-back is a rollout of its own, LOG first: {phases:?}"
+    );
 }

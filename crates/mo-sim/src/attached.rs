@@ -69,6 +69,8 @@ impl AttachedCluster {
             .map(|lt| (lt.table, lt.owner))
             .collect();
         let mut sim = Simulation::build(scenario, Box::new(NoPolicy), RunOptions::default());
+        // The operator attached is ours: it renders `init-work-state = "draining"`.
+        sim.cn_init_work_state = mo_core::WorkState::Draining;
         sim.preset_owners = preset;
         sim.bootstrap_cold();
         AttachedCluster {
@@ -428,6 +430,7 @@ pub enum AttachError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mo_core::WorkState;
 
     fn scenario() -> Scenario {
         Scenario::from_yaml(
@@ -446,11 +449,37 @@ mod tests {
         }
     }
 
+    /// What the operator does for every CN that registered (Draining, its `init-work-state`):
+    /// puts it into service.
+    fn into_service(cluster: &mut AttachedCluster, until: Millis) {
+        let mut t = cluster.now();
+        while t < until {
+            t += Millis::from_secs(1);
+            cluster.advance_to(t);
+            let draining: Vec<String> = cluster
+                .kernel_view()
+                .hakeeper
+                .map(|d| d.cns)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|c| c.work_state == WorkState::Draining)
+                .map(|c| c.uuid)
+                .collect();
+            for uuid in draining {
+                let _ = cluster.admin_call(&Action::SetCnWorkState {
+                    uuid,
+                    state: WorkState::Working,
+                });
+            }
+        }
+    }
+
     #[test]
     fn a_cold_cluster_boots_as_its_pods_arrive() {
         let mut cluster = AttachedCluster::new(scenario());
         assert!(cluster.pod_reports().is_empty());
         boot(&mut cluster);
+        into_service(&mut cluster, Millis::from_mins(2));
         cluster.advance_to(Millis::from_mins(10));
         let reports = cluster.pod_reports();
         assert_eq!(reports.len(), 7);
@@ -527,6 +556,7 @@ mod tests {
         cluster
             .pod_bound("idle-0", "uid-idle-0", "node-3", "v1")
             .expect("known pod");
+        into_service(&mut cluster, Millis::from_mins(2));
         cluster.advance_to(Millis::from_mins(10));
         assert_eq!(
             cluster

@@ -169,6 +169,8 @@ pub fn generate(seed: u64) -> Scenario {
         );
     }
     let _ = writeln!(y, "events:");
+    let mut upgrade_at: Option<u32> = None;
+    let mut upgrade_strategy = String::new();
     if rng.random_bool(0.6) {
         let mut order = ["log", "tn", "cn", "proxy"];
         for i in (1..order.len()).rev() {
@@ -186,11 +188,12 @@ pub fn generate(seed: u64) -> Scenario {
                 format!("\"{c}\":[{deps}]")
             })
             .collect();
+        let at = rng.random_range(30..=600u32);
+        upgrade_strategy = strategy.join(",");
+        upgrade_at = Some(at);
         let _ = writeln!(
             y,
-            "  - {{at: {}s, upgrade: {{version: v2, strategy: '{{{}}}'}}}}",
-            rng.random_range(30..=600u32),
-            strategy.join(",")
+            "  - {{at: {at}s, upgrade: {{version: v2, strategy: '{{{upgrade_strategy}}}'}}}}"
         );
     }
     for _ in 0..rng.random_range(1..=6u32) {
@@ -363,6 +366,48 @@ pub fn generate(seed: u64) -> Scenario {
             at + rng.random_range(0..=20u32)
         );
     }
+    // Rollouts that change their mind, drawn on a stream of their own (the rest of the
+    // seed's scenario stays as it was): the version set back, or on to a third one, at any
+    // point of the rollout; a restarted CN that never registers again (the rollout halts or
+    // rolls back with CNs prepared); HAKeeper cut off past a CN record's expiry (30 s) while CNs
+    // are handed over.
+    let mut minds = ChaCha8Rng::seed_from_u64(seed ^ 0x6d69_6e64_7321);
+    if let Some(at) = upgrade_at
+        && minds.random_bool(0.3)
+    {
+        let version = if minds.random_bool(0.6) { "v1" } else { "v3" };
+        let _ = writeln!(
+            y,
+            "  - {{at: {}s, upgrade: {{version: {version}, strategy: '{{{upgrade_strategy}}}'}}}}",
+            at + minds.random_range(5..=900u32)
+        );
+    }
+    if let Some(at) = upgrade_at
+        && minds.random_bool(0.15)
+    {
+        let _ = writeln!(
+            y,
+            "  - {{at: {}s, fault: {{cn_never_heartbeats_after_restart: true}}}}",
+            at.saturating_sub(5)
+        );
+    }
+    if minds.random_bool(0.15) {
+        let at = upgrade_at.map_or(minds.random_range(30..=1500u32), |u| {
+            u + minds.random_range(0..=900u32)
+        });
+        let _ = writeln!(
+            y,
+            "  - {{at: {at}s, hakeeper_outage: {{duration: {}s}}}}",
+            minds.random_range(35..=120u32)
+        );
+    }
+    // An operator whose tick is not HAKeeper's second.
+    let operator_tick = if minds.random_bool(0.3) {
+        format!(", operator_tick: {}ms", minds.random_range(600..=1_700u32))
+    } else {
+        String::new()
+    };
+    let y = y.replace("CN_HEARTBEAT", &format!("CN_HEARTBEAT{operator_tick}"));
     // Statements that run for seconds while CNs hand over, scale in or proxies restart.
     let latency = if rng.random_bool(0.2) {
         format!(
@@ -570,6 +615,40 @@ pub fn classes(scenario: &Scenario) -> Vec<&'static str> {
                 .iter()
                 .any(|e| e.evict.is_some() || e.drain_node.is_some()),
         "upgrade with evictions",
+    );
+    let targets: Vec<&str> = ev
+        .iter()
+        .filter_map(|e| e.upgrade.as_ref().map(|u| u.version.as_str()))
+        .collect();
+    add(
+        targets.len() >= 2 && targets.last() == Some(&scenario.topology.version.as_str()),
+        "version set back during a rollout",
+    );
+    add(
+        targets.len() >= 2 && targets.last() != Some(&scenario.topology.version.as_str()),
+        "version changed to a third one during a rollout",
+    );
+    add(
+        !targets.is_empty()
+            && cn_pods >= 3
+            && ev.iter().any(|e| {
+                e.fault
+                    .as_ref()
+                    .is_some_and(|f| f.cn_never_heartbeats_after_restart)
+            }),
+        "rollout halting or rolling back with CNs prepared",
+    );
+    add(
+        ev.iter().any(|e| {
+            e.hakeeper_outage
+                .as_ref()
+                .is_some_and(|o| o.duration.millis().0 > 30_000)
+        }),
+        "HAKeeper cut off past a CN record's expiry",
+    );
+    add(
+        scenario.timings.operator_tick.millis().0 != 1_000,
+        "operator tick not aligned with HAKeeper's",
     );
     out
 }

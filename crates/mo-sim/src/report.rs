@@ -27,6 +27,20 @@ pub struct UnsafeActions {
     /// (an eviction, a second restart to the same version).
     #[serde(default)]
     pub tn_stopped_without_need: u64,
+    /// A pod restarted onto another version after the policy said its rollout was halted.
+    #[serde(default)]
+    pub restarted_while_halted: u64,
+    /// A pod restarted onto a version the cluster is not going to: neither the requested
+    /// target, nor what the cluster ran before its upgrades (a rollback's), nor its own.
+    #[serde(default)]
+    pub moved_to_abandoned_version: u64,
+    /// More CNs restarting onto another version at once than the upgrade's width allows.
+    #[serde(default)]
+    pub cns_restarted_beyond_width: u64,
+    /// A cluster that was running taken for one being created (its rollout raised the
+    /// creation's alarm instead of halting).
+    #[serde(default)]
+    pub rollout_taken_for_creation: u64,
 }
 
 impl UnsafeActions {
@@ -37,6 +51,10 @@ impl UnsafeActions {
             + self.finished_with_pods_not_upgraded
             + self.proxy_stopped_without_another_route
             + self.tn_stopped_without_need
+            + self.restarted_while_halted
+            + self.moved_to_abandoned_version
+            + self.cns_restarted_beyond_width
+            + self.rollout_taken_for_creation
     }
 }
 

@@ -372,21 +372,25 @@ impl Simulation {
                 record.version = version;
             }
             None => {
-                // A new or expired CN (re)registers with its initial work state: a Draining
-                // mark set before the expiry is lost.
+                // A new or expired CN (re)registers with its initial work state
+                // (`init-work-state`): a Draining mark set before the expiry is lost unless
+                // that is Draining too.
+                let work_state = self.cn_init_work_state;
                 self.hakeeper.cns.insert(
                     uuid.to_string(),
                     CnRecord {
                         pod: p,
                         epoch,
                         heard_from: epoch,
-                        work_state: WorkState::Working,
+                        work_state,
                         last_heartbeat: self.now,
                         version,
                     },
                 );
                 let name = self.pods[p].name.clone();
-                self.log("hakeeper", || format!("CN {name} registered (Working)"));
+                self.log("hakeeper", || {
+                    format!("CN {name} registered ({work_state:?})")
+                });
             }
         }
     }

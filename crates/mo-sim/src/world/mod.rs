@@ -514,6 +514,15 @@ pub(crate) struct UpgradeTracker {
     /// Components seen functional (every pod on the target, the kernel's gate passing) since
     /// the last stop of one of their pods for the upgrade.
     pub functional_seen: Vec<Component>,
+    /// The policy said its rollout is halted (until the next requested version).
+    pub halted: bool,
+    /// What each component's pods ran when the first upgrade was requested, or the last one
+    /// after the one before it completed: a rollback's destination.
+    pub original_versions: BTreeMap<Component, BTreeSet<String>>,
+    /// Pods were running when the first upgrade was requested (it is no creation).
+    pub cluster_existed: bool,
+    /// CN pods restarting onto another version, not yet Ready again.
+    pub cns_moving: BTreeSet<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -593,6 +602,10 @@ pub struct Simulation {
     /// The operator decides again `operator_reaction` after a change, as the kube controller
     /// reconciles on its watches (the safe policy only; the others were calibrated on the tick).
     pub(crate) reacts_to_changes: bool,
+    /// The work state a CN registers with (`[cn] init-work-state`): Draining under the safe
+    /// operator, which renders it and puts each CN into service; Working (the kernel's default)
+    /// under the others.
+    pub(crate) cn_init_work_state: WorkState,
     /// An `OperatorWake` is scheduled.
     pub(crate) wake_pending: bool,
     pub(crate) crash_pending: Option<bool>,
@@ -683,6 +696,11 @@ impl Simulation {
             .collect();
         let reacts_to_changes =
             policy.name() == "safe" && t.operator_reaction.millis() != Millis::ZERO;
+        let cn_init_work_state = if policy.name() == "safe" {
+            WorkState::Draining
+        } else {
+            WorkState::Working
+        };
         Simulation {
             rng: ChaCha8Rng::seed_from_u64(scenario.seed),
             t,
@@ -744,6 +762,7 @@ impl Simulation {
             versions: Vec::new(),
             policy_record: None,
             reacts_to_changes,
+            cn_init_work_state,
             wake_pending: false,
             crash_pending: None,
             operator_restarts: 0,
@@ -1311,9 +1330,26 @@ impl Simulation {
                 self.log("spec", || {
                     format!("upgrade to {version} requested, strategy {strategy}")
                 });
+                // A rollout that completed makes what it installed the versions a later
+                // rollback may restore; one still under way leaves them as they were.
+                let previous_done = self.upgrade.is_some() && self.upgrade_applied().is_ok();
+                if self.tracker.requested_at.is_none() || previous_done {
+                    let mut original: BTreeMap<Component, BTreeSet<String>> = BTreeMap::new();
+                    for p in self.live_pods() {
+                        original
+                            .entry(self.pods[p].component)
+                            .or_default()
+                            .insert(self.pods[p].version.clone());
+                    }
+                    if self.tracker.requested_at.is_none() {
+                        self.tracker.cluster_existed = !original.is_empty();
+                    }
+                    self.tracker.original_versions = original;
+                }
                 self.tracker.requested_at.get_or_insert(self.now);
                 self.tracker.advanced.clear();
                 self.tracker.functional_seen.clear();
+                self.tracker.halted = false;
                 self.upgrade = Some(UpgradeSpec {
                     target_version: version,
                     strategy,
@@ -1491,6 +1527,9 @@ impl Simulation {
     /// A pod's readiness changes, which a watch reports to the operator.
     pub(crate) fn set_ready(&mut self, p: PodId, ready: bool) {
         self.pods[p].ready = ready;
+        if ready {
+            self.tracker.cns_moving.remove(&self.pods[p].name);
+        }
         self.wake_operator();
     }
 

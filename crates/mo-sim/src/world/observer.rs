@@ -411,6 +411,7 @@ impl Simulation {
                 let p = self.pod_for_action(pod, uid)?;
                 if &self.pods[p].version != version {
                     self.check_upgrade_advance(p);
+                    self.check_upgrade_move(p, version);
                 }
                 self.template_version.insert(pod.clone(), version.clone());
                 self.delete_pod(p, Cause::Voluntary, true, &format!("restart for {version}"));
@@ -485,6 +486,18 @@ impl Simulation {
                     }
                 }
                 self.tracker.finished_at.get_or_insert(self.now);
+            }
+            PolicyNote::Holding { subject, reason } if subject == "rollout" => {
+                if reason.starts_with("halted") || reason.starts_with("rolled back and halted") {
+                    self.tracker.halted = true;
+                }
+                if reason.starts_with("ALARM (creation is slow") && self.tracker.cluster_existed {
+                    let reason = reason.clone();
+                    self.count_unsafe(
+                        |u| &mut u.rollout_taken_for_creation,
+                        format!("a running cluster's rollout took itself for a creation: {reason}"),
+                    );
+                }
             }
             PolicyNote::Holding { .. } | PolicyNote::Released { .. } => {}
         }
@@ -693,6 +706,65 @@ impl Simulation {
                     ),
                 );
                 return;
+            }
+        }
+    }
+
+    /// Judges a restart of `p` onto `version` (another than it runs) from what was asked of
+    /// the cluster: never after the policy said it halted, never onto a version the cluster is
+    /// not going to (only the requested target, or what it ran before its upgrades for a
+    /// rollback), and no more CNs moving at once than the upgrade's width.
+    fn check_upgrade_move(&mut self, p: PodId, version: &str) {
+        let name = self.pods[p].name.clone();
+        let component = self.pods[p].component;
+        if self.tracker.halted {
+            self.count_unsafe(
+                |u| &mut u.restarted_while_halted,
+                format!("{name} restarted onto {version} after the rollout halted"),
+            );
+        }
+        // Judged against what was asked: a restart driven by hand in a test, with no upgrade
+        // requested, is not.
+        let Some(target) = self.upgrade.as_ref().map(|u| u.target_version.as_str()) else {
+            return;
+        };
+        let original = self
+            .tracker
+            .original_versions
+            .get(&component)
+            .is_some_and(|v| v.contains(version));
+        if target != version && !original {
+            self.count_unsafe(
+                |u| &mut u.moved_to_abandoned_version,
+                format!("{name} restarted onto {version}, while the cluster goes to {target}"),
+            );
+        }
+        if component == Component::Cn && self.policy.name() == "safe" {
+            self.tracker.cns_moving.insert(name.clone());
+            // A pod removed for good (a scale-in or pool reclaim during its restart) is no
+            // longer moving.
+            let live: BTreeSet<String> = self
+                .live_pods()
+                .map(|q| self.pods[q].name.clone())
+                .collect();
+            self.tracker.cns_moving.retain(|n| live.contains(n));
+            let cns = self
+                .live_pods()
+                .filter(|&q| self.pods[q].component == Component::Cn)
+                .count();
+            let width = self.scenario.safe.cn_max_unavailable.of(cns);
+            if self.tracker.cns_moving.len() > width {
+                let moving = self
+                    .tracker
+                    .cns_moving
+                    .iter()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                self.count_unsafe(
+                    |u| &mut u.cns_restarted_beyond_width,
+                    format!("{moving} restarting onto another version at once (width {width})"),
+                );
             }
         }
     }

@@ -1355,3 +1355,20 @@ fn stopping_a_cn_on_a_wedged_hand_over_is_judged_by_whether_a_live_transaction_d
         );
     }
 }
+
+#[test]
+fn a_cn_re_registers_with_its_configured_initial_work_state() {
+    // `[cn] init-work-state = "draining"` (what the safe operator renders): a record re-created
+    // after an expiry comes back Draining, so the proxies do not route to the CN until the
+    // operator puts it into service.
+    let yaml = format!("{BASE}events:\n  - at: 10s\n    hakeeper_outage: {{duration: 40s}}\n");
+    let mut s = sim(&yaml);
+    s.cn_init_work_state = WorkState::Draining;
+    run_to(&mut s, secs(5));
+    let uuid = s.cns[&pod(&s, "cn-1")].uuid.clone();
+    assert_eq!(s.hakeeper.cns[&uuid].work_state, WorkState::Working);
+    run_to(&mut s, secs(45));
+    assert!(!s.hakeeper.cns.contains_key(&uuid), "expired");
+    run_to(&mut s, secs(52));
+    assert_eq!(s.hakeeper.cns[&uuid].work_state, WorkState::Draining);
+}
