@@ -1136,16 +1136,7 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
         }
     };
     seen(&t.pod_list().await, &mut uids);
-    // The version every CN process reports before the upgrade, read from HAKeeper.
-    for cn in hakeeper(&t)
-        .await
-        .get_cluster_details()
-        .await
-        .expect("details")
-        .cn_stores
-    {
-        assert_eq!(cn.reported_version(), "v1.2.3", "{} before", cn.uuid);
-    }
+    assert_cn_versions(&t, "v1.2.3", "before the upgrade").await;
     let proxies = [target(&t, "mo-proxy-0").await];
     let tables = vec!["u1".to_string(), "u2".to_string()];
     mo_sqlload::prepare(&proxies[0], "upg", &tables, 100)
@@ -1431,14 +1422,19 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
     for (pod, seen) in &uids {
         assert_eq!(seen.len(), 2, "{pod} restarted exactly once: {seen:?}");
     }
-    for cn in hakeeper(&t)
+    assert_cn_versions(&t, "v1.2.4", "after the upgrade").await;
+}
+
+/// Asserts the version every CN process reports, read from HAKeeper (not from the operator).
+async fn assert_cn_versions(t: &TestNs, version: &str, when: &str) {
+    let details = hakeeper(t)
         .await
         .get_cluster_details()
         .await
-        .expect("details")
-        .cn_stores
-    {
-        assert_eq!(cn.reported_version(), "v1.2.4", "{} after", cn.uuid);
+        .expect("details");
+    assert!(!details.cn_stores.is_empty(), "CNs registered {when}");
+    for cn in details.cn_stores {
+        assert_eq!(cn.reported_version(), version, "{} {when}", cn.uuid);
     }
 }
 
