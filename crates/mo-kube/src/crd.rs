@@ -58,9 +58,10 @@ pub const MSG_GRACE: &str = "spec.drain.gracePeriod: at most 24h";
 
 /// A Kubernetes quantity without a sign (what a request, a limit or a size may be).
 pub const QUANTITY_PATTERN: &str = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
-/// An absolute path whose every component starts with a letter, digit or `_`: no `.` or `..`,
-/// no empty component, no trailing `/`.
-pub const HOST_PATH_PATTERN: &str = r"^(/[A-Za-z0-9_][A-Za-z0-9._-]*)+$";
+/// An absolute path of components of letters, digits, `.`, `_` and `-`, none of them `.` or
+/// `..` (hidden directories such as `.cache` are fine), no empty component, no trailing `/`.
+pub const HOST_PATH_PATTERN: &str =
+    r"^(/([A-Za-z0-9_][A-Za-z0-9._-]*|\.[A-Za-z0-9_-][A-Za-z0-9._-]*|\.\.[A-Za-z0-9._-]+))+$";
 /// A relative key prefix of the same components (no `..`, no leading `/`).
 pub const S3_PREFIX_PATTERN: &str = r"^[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*$";
 /// An image repository without tag or digest (the tag is `spec.version`).

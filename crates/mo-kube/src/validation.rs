@@ -759,6 +759,18 @@ mod tests {
         let mut s = good();
         s["sharedStorage"] = json!({"fileSystem": {"path": "//"}});
         assert_eq!(refused(s), ["spec.sharedStorage.fileSystem.path"]);
+        for path in ["/srv/.", "/srv/..", "/./srv", "/srv/../etc/.x"] {
+            let mut s = good();
+            s["sharedStorage"] = json!({"fileSystem": {"path": path}});
+            assert_eq!(refused(s), ["spec.sharedStorage.fileSystem.path"], "{path}");
+        }
+        // Hidden directories and names that merely start with dots are paths like any other.
+        for path in ["/root/.cache/mo", "/srv/...", "/srv/..x", "/srv/.x.y/z"] {
+            let mut s = good();
+            s["sharedStorage"] = json!({"fileSystem": {"path": path}});
+            let checked = check_object(&manifest(s), None, true);
+            assert!(checked.is_ok(), "{path}: {checked:?}");
+        }
         let mut s = good();
         s["sharedStorage"]["s3"]["prefix"] = json!("a/../b");
         assert_eq!(refused(s), ["spec.sharedStorage.s3.prefix"]);

@@ -507,6 +507,48 @@ async fn a_container_that_ignores_sigterm_is_killed_at_the_end_of_its_grace_peri
         Vec::<u32>::new(),
         "no process left behind"
     );
+
+    // A pod already terminating with a long grace period, deleted again with a short one
+    // (`kubectl delete --grace-period=1`): killed by the new deadline, not the first.
+    let marker = format!("patient-marker-{}", std::process::id());
+    ns.create::<Pod>(json!({
+        "metadata": {"name": "patient", "labels": labels("patient")},
+        "spec": {
+            "terminationGracePeriodSeconds": 120,
+            "containers": [{
+                "name": "main",
+                "image": "busybox:test",
+                "command": ["sh", "-c", "trap '' TERM; while true; do sleep 0.2; done", &marker],
+            }],
+        },
+    }))
+    .await;
+    wait_for("patient running", Duration::from_secs(30), || async {
+        let view = ns.runtime_view("patient").await?;
+        (view["containers"][0]["state"] == "running").then_some(())
+    })
+    .await;
+    ns.api::<Pod>()
+        .delete("patient", &DeleteParams::default())
+        .await
+        .expect("delete");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(ns.pod("patient").await.is_some(), "within its 120 s");
+    let shortened = Instant::now();
+    ns.api::<Pod>()
+        .delete("patient", &DeleteParams::default().grace_period(1))
+        .await
+        .expect("delete with a shorter grace period");
+    wait_for("patient gone", Duration::from_secs(30), || async {
+        ns.pod("patient").await.is_none().then_some(())
+    })
+    .await;
+    let took = shortened.elapsed();
+    assert!(
+        took < Duration::from_secs(8),
+        "SIGKILL at the end of the shortened 1 s grace period: {took:?}"
+    );
+    assert_eq!(processes_with(&marker), Vec::<u32>::new());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -173,9 +173,10 @@ async fn a_real_cluster_serves_sql_registers_every_store_and_survives_log_restar
         ),
         expected(Component::Proxy, &["mo-proxy-0"])
     );
-    // The version each CN registers (stamped into the kernel's build).
+    // The version each CN registers: its binary's commit, as the official images stamp it.
+    let commit = kernel_commit("v1.2.4");
     for cn in &details.cn_stores {
-        assert_eq!(cn.commit_id_before_v2, "v1.2.4", "{}", cn.uuid);
+        assert_eq!(cn.commit_id_before_v2, commit, "{}", cn.uuid);
     }
     let cluster = t.cluster("mo").await;
     let bootstrap = cluster
@@ -374,8 +375,12 @@ async fn the_kernel_facts_the_engine_relies_on_hold_on_the_real_kernel() {
     assert_eq!(counts["mo-proxy-0"], Ok(1), "{counts:?}");
     through_proxy.commit().await.expect("commit");
 
-    // 2. The version each CN registers is the one stamped into its build.
-    assert_eq!(cn_record(&t, "mo-ap-0").await.commit_id_before_v2, "v1.2.4");
+    // 2. The version each CN registers is the commit stamped into its build (a git hash, as
+    // the official images have it, never the tag).
+    assert_eq!(
+        cn_record(&t, "mo-ap-0").await.commit_id_before_v2,
+        kernel_commit("v1.2.4")
+    );
 
     // 3. `(true, 0)` is the allocator's answer for a service it does not know.
     let allocator = mo_rpc::LockAllocatorClient::new(
@@ -711,6 +716,10 @@ async fn dml_on(t: &TestNs, database: &str, table: &str, owner: &str) -> mo_sqll
     mo_sqlload::Workload::start(config).await.expect("workload")
 }
 
+/// What a transaction gets when the CN owning its lock table is gone: the bind changed
+/// (`ErrLockTableBindChanged`) or the table is not found (`ErrLockTableNotFound`).
+const LOST_LOCK_OWNER_CODES: [&str; 2] = ["20702", "20703"];
+
 #[tokio::test]
 async fn incident_000_on_the_real_kernel_harm_without_protection_none_with_it() {
     let _serial = one_at_a_time().await;
@@ -741,9 +750,24 @@ async fn incident_000_on_the_real_kernel_harm_without_protection_none_with_it() 
             "unprotected: committed {}, failed {:?}, unknown {:?}, longest DML stall {stall} ms",
             unprotected.committed, unprotected.failed_by_code, unprotected.unknown_by_code
         );
+        // The harm is the lock service's: transactions refused because their lock table's
+        // bind changed or vanished with its owner, or DML stalled until the allocator's
+        // keepalive for the dead owner ran out. Nothing else fails.
+        let lost_owner = LOST_LOCK_OWNER_CODES
+            .iter()
+            .map(|code| unprotected.failed_by_code.get(*code).copied().unwrap_or(0))
+            .sum::<u64>();
         assert!(
-            unprotected.failed + unprotected.unknown > 0 || stall >= 8_000,
-            "losing the lock owner harms the DML (failed or stalled): {unprotected:?}"
+            lost_owner > 0 || stall >= 8_000,
+            "losing the lock owner harms the DML (20702/20703 or a stall): {unprotected:?}"
+        );
+        assert!(
+            unprotected
+                .failed_by_code
+                .keys()
+                .all(|code| LOST_LOCK_OWNER_CODES.contains(&code.as_str()))
+                && unprotected.unknown == 0,
+            "only the lock service's refusals: {unprotected:?}"
         );
         // Its processes go before the next cluster boots (2 cores).
         let out = t.kubectl(&["delete", "moc", "mo", "-n", &t.ns, "--wait=false"]);
@@ -1026,22 +1050,33 @@ async fn a_lock_owner_scales_in_and_a_withdrawn_eviction_restarts_the_cn_on_the_
         "the deletion names the instance"
     );
 
-    // The withdrawn eviction: idle-0 owns `t5`; a transaction of tp-0 holds a row lock in it,
-    // so idle-0's hand-over cannot finish while `kubectl drain` tries, and it gives up.
-    let idle = target(&t, "mo-idle-0").await;
-    mo_sqlload::prepare(&idle, "scale", &["t5".to_string()], 10)
+    withdrawn_eviction_under_dml(&t).await;
+}
+
+/// The withdrawn eviction, under incident 000's workload: idle-0 owns `t5`, whose DML runs on
+/// the tp CNs, and `t6`, where a transaction of tp-0 holds a row lock, so idle-0's hand-over
+/// cannot finish while `kubectl drain` tries, and kubectl gives up on our webhook's refusal.
+/// The drain then becomes a restart that waits for the hand-over; the DML on `t5` loses
+/// nothing and stalls less than 6 s through all of it.
+async fn withdrawn_eviction_under_dml(t: &TestNs) {
+    let workload = dml_on(t, "scale", "t5", "mo-idle-0").await;
+    let idle = target(t, "mo-idle-0").await;
+    mo_sqlload::prepare(&idle, "scale", &["t6".to_string()], 10)
         .await
-        .expect("t5 through idle-0");
-    mo_sqlload::make_owner(&idle, "scale", "t5")
+        .expect("t6 through idle-0");
+    mo_sqlload::make_owner(&idle, "scale", "t6")
         .await
-        .expect("idle-0 owns t5");
-    let held = mo_sqlload::hold_row_lock(&target(&t, "mo-tp-0").await, "scale", "t5", 1)
+        .expect("idle-0 owns t6");
+    let held = mo_sqlload::hold_row_lock(&target(t, "mo-tp-0").await, "scale", "t6", 1)
         .await
         .expect("a long transaction on tp-0 holds a lock in idle-0's table");
-    assert_owner(&t, "scale", "t5", "mo-idle-0").await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let t5 = assert_owner(t, "scale", "t5", "mo-idle-0").await;
+    assert_owner(t, "scale", "t6", "mo-idle-0").await;
     let a = t.pod("mo-idle-0").await.expect("idle-0");
     let a_uid = a.uid().expect("uid");
     let node = a.spec.and_then(|s| s.node_name).expect("bound");
+    let before_drain = workload.snapshot();
     let out = t
         .kubectl_async(&[
             "drain",
@@ -1052,10 +1087,21 @@ async fn a_lock_owner_scales_in_and_a_withdrawn_eviction_restarts_the_cn_on_the_
             "--timeout=20s",
         ])
         .await;
+    let output = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "kubectl gave up: {output}");
+    // Not any failure: the Eviction API refused with our webhook's reason until kubectl's
+    // own deadline.
     assert!(
-        !out.status.success(),
-        "the hand-over could not finish, so kubectl gave up: {}",
-        String::from_utf8_lossy(&out.stdout)
+        output.contains(mo_kube::webhook::EVICTION_WEBHOOK) && output.contains("draining"),
+        "refused by the webhook: {output}"
+    );
+    assert!(
+        output.contains("global timeout"),
+        "kubectl's deadline: {output}"
     );
     let _ = t.kubectl(&["uncordon", &node]);
     // The evictor is gone; the drain was withdrawn after SetRestartService: it is now a
@@ -1064,14 +1110,14 @@ async fn a_lock_owner_scales_in_and_a_withdrawn_eviction_restarts_the_cn_on_the_
         "the withdrawn drain becomes a restart",
         READY_LIMIT,
         || async {
-            let d = drain_view(&t, "mo-idle-0").await?;
+            let d = drain_view(t, "mo-idle-0").await?;
             (d.pod_uid == a_uid && d.purpose.starts_with("restart")).then_some(d)
         },
     )
     .await;
     println!("withdrawn: {converted:?}");
     for _ in 0..10 {
-        let record = cn_record(&t, "mo-idle-0").await;
+        let record = cn_record(t, "mo-idle-0").await;
         assert_eq!(
             record.work_state, 2,
             "Draining, never Working again: {record:?}"
@@ -1083,6 +1129,13 @@ async fn a_lock_owner_scales_in_and_a_withdrawn_eviction_restarts_the_cn_on_the_
         Some(a_uid.clone()),
         "not restarted before its hand-over finished"
     );
+    let while_held = workload.snapshot();
+    assert!(
+        while_held.committed > before_drain.committed,
+        "the DML on t5 goes on while the drain waits: {} then {}",
+        before_drain.committed,
+        while_held.committed
+    );
     held.commit()
         .await
         .expect("the long transaction commits: nothing was taken from under it");
@@ -1092,8 +1145,31 @@ async fn a_lock_owner_scales_in_and_a_withdrawn_eviction_restarts_the_cn_on_the_
     })
     .await;
     t.wait_ready("mo", READY_LIMIT).await;
-    let idle = target(&t, "mo-idle-0").await;
-    mo_sqlload::write_once(&idle, "scale", "t5", 2)
+    let restarted = workload.snapshot();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_moved_to_a_tp_cn(t, t5, "mo-idle-0").await;
+    let end = workload.stop().await;
+    let stall = end.tables["t5"].max_commit_gap_ms;
+    println!(
+        "withdrawn eviction: committed {}, failed {:?}, unknown {:?}, connect errors {:?}, \
+         longest stall {stall} ms",
+        end.committed, end.failed_by_code, end.unknown_by_code, end.connect_errors_by_code,
+    );
+    assert_eq!(end.failed + end.unknown, 0, "{end:?}");
+    assert!(
+        end.connect_errors_by_code.is_empty(),
+        "the tp CNs kept serving: {end:?}"
+    );
+    assert!(end.consistency.as_ref().is_some_and(|c| c.ok), "{end:?}");
+    assert!(
+        end.committed > restarted.committed,
+        "the DML goes on after idle-0's restart: {} then {}",
+        restarted.committed,
+        end.committed
+    );
+    assert!(stall < 6_000, "DML on t5 stalled {stall} ms");
+    let idle = target(t, "mo-idle-0").await;
+    mo_sqlload::write_once(&idle, "scale", "t6", 2)
         .await
         .expect("the new instance of idle-0 takes writes");
 }
@@ -1136,6 +1212,11 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
         }
     };
     seen(&t.pod_list().await, &mut uids);
+    assert_ne!(
+        kernel_commit("v1.2.3"),
+        kernel_commit("v1.2.4"),
+        "two versions the CNs' reports tell apart"
+    );
     assert_cn_versions(&t, "v1.2.3", "before the upgrade").await;
     let proxies = [target(&t, "mo-proxy-0").await];
     let tables = vec!["u1".to_string(), "u2".to_string()];
@@ -1433,9 +1514,31 @@ async fn assert_cn_versions(t: &TestNs, version: &str, when: &str) {
         .await
         .expect("details");
     assert!(!details.cn_stores.is_empty(), "CNs registered {when}");
+    let commit = kernel_commit(version);
     for cn in details.cn_stores {
-        assert_eq!(cn.reported_version(), version, "{} {when}", cn.uuid);
+        assert_eq!(
+            cn.reported_version(),
+            commit,
+            "{} {when} ({version})",
+            cn.uuid
+        );
     }
+}
+
+/// The commit the kernel binary of `version` reports: built as the official images are, a
+/// short git hash and never the tag, so the operator's CN gate runs on what users run.
+fn kernel_commit(version: &str) -> String {
+    let (_, bin) = mo_testenv::matrixone_kernels()
+        .expect("the kernels")
+        .into_iter()
+        .find(|(v, _)| v == version)
+        .expect("built");
+    let commit = mo_testenv::matrixone_commit(&bin).expect("the kernel's commit");
+    assert!(
+        mo_core::gates::is_commit_hash(&commit),
+        "{version} reports {commit:?}, a commit hash as the official images do"
+    );
+    commit
 }
 
 /// After the new TN is Ready, how long its restart may still cost transactions: the CNs

@@ -318,6 +318,26 @@ pub fn matrixone_kernels() -> Result<Vec<(String, PathBuf)>, TestEnvError> {
         .collect())
 }
 
+/// The `CommitID` a kernel binary was stamped with, as it prints it itself (`mo-service
+/// -version`: "Git commit ID: f2dd397"); what its CNs report to HAKeeper.
+pub fn matrixone_commit(bin: &Path) -> Result<String, TestEnvError> {
+    let out = Command::new(bin)
+        .arg("-version")
+        .output()
+        .map_err(io(format!("running {} -version", bin.display())))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|line| line.trim().strip_prefix("Git commit ID:"))
+        .map(|commit| commit.trim().to_string())
+        .filter(|commit| !commit.is_empty())
+        .ok_or_else(|| {
+            TestEnvError::Build(format!(
+                "{} -version names no commit: {text}",
+                bin.display()
+            ))
+        })
+}
+
 /// Runs one of the repository's build scripts; its last stdout line is the path it built.
 fn build_script(relative: &str, env: &[(&str, &str)]) -> Result<PathBuf, TestEnvError> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -168,6 +168,15 @@ impl Running {
         }
     }
 
+    /// A shorter grace period asked for later: SIGTERM now if not sent yet, SIGKILL by
+    /// `kill_at` at the latest.
+    fn shorten(&mut self, kill_at: Instant) {
+        match &mut self.stop {
+            Some(stop) => stop.kill_at = stop.kill_at.min(kill_at),
+            None => self.stop(kill_at, None),
+        }
+    }
+
     fn enforce(&mut self, now: Instant) {
         if let Some(stop) = &mut self.stop
             && !stop.killed
@@ -412,6 +421,8 @@ struct PodRun {
     initialized: bool,
     /// When the deletion was first seen (the grace period counts from here).
     deleting: Option<Instant>,
+    /// The shortest grace period a deletion of this pod has asked for, in seconds.
+    deletion_grace: Option<i64>,
     /// Each condition's value and when it last changed.
     conditions: BTreeMap<&'static str, (bool, String)>,
     /// The status last written (only changes are written).
@@ -520,11 +531,26 @@ impl PodRun {
             tracing::info!(pod = %self.info.name, namespace = %self.info.namespace, "pod deletion seen");
             now
         });
-        let grace = Duration::from_secs(
-            pod.metadata
-                .deletion_grace_period_seconds
-                .unwrap_or(30)
-                .max(0) as u64,
+        let grace_secs = pod
+            .metadata
+            .deletion_grace_period_seconds
+            .unwrap_or(30)
+            .max(0);
+        let grace = Duration::from_secs(grace_secs as u64);
+        // A later delete may shorten the grace period (`kubectl delete --grace-period=1` of a
+        // pod already terminating): as the kubelet does, everything still running is then
+        // killed by the new deadline, whatever the first one was.
+        if self.deletion_grace.is_some_and(|first| grace_secs < first) {
+            tracing::info!(pod = %self.info.name, grace_secs, "grace period shortened");
+            for c in self.init.iter_mut().chain(self.main.iter_mut()) {
+                if let State::Running(r) = &mut c.state {
+                    r.shorten(now + grace);
+                }
+            }
+        }
+        self.deletion_grace = Some(
+            self.deletion_grace
+                .map_or(grace_secs, |g| g.min(grace_secs)),
         );
         for c in self.init.iter_mut() {
             if let State::Running(r) = &mut c.state {
@@ -948,6 +974,7 @@ impl Runtime {
             main,
             initialized: !has_init,
             deleting: None,
+            deletion_grace: None,
             conditions: BTreeMap::new(),
             written: None,
             hosts,
@@ -1751,6 +1778,7 @@ mod tests {
             init,
             main,
             deleting: None,
+            deletion_grace: None,
             conditions: BTreeMap::new(),
             written: None,
             hosts: String::new(),
