@@ -862,18 +862,28 @@ fn unix_ms_now() -> u64 {
 /// an instance gone between two polls is still on record.
 struct DeletionLog {
     deleted: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, (String, u64)>>>,
-    /// Every instance's main container exits as its kubelet reported them (uid → (pod, the
-    /// highest restart count, the last exit code)), kept after the instance is gone.
+    /// Every instance's main container exits as its kubelet reported them, kept after the
+    /// instance is gone.
     exits: Exits,
     task: tokio::task::JoinHandle<()>,
 }
 
-type Exits = std::sync::Arc<
-    std::sync::Mutex<std::collections::BTreeMap<String, (String, i32, Option<i32>)>>,
->;
+type Exits = std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, InstanceExits>>>;
 
-/// The main container's restart count and last exit code, as the kubelet reports them.
-fn main_container_exits(pod: &Pod) -> Option<(i32, Option<i32>)> {
+/// One pod instance's main container, as its kubelet reported it.
+#[derive(Clone, Debug, Default)]
+struct InstanceExits {
+    pod: String,
+    /// The highest restart count seen (restarts in place: crashes, fatal exits).
+    restarts: i32,
+    /// The exit code before the last restart in place.
+    last_exit: Option<i32>,
+    /// How the container ended for good (its state once terminated, before the pod went).
+    final_exit: Option<i32>,
+}
+
+/// The main container's restart count, last and final exit codes, as the kubelet reports them.
+fn main_container_exits(pod: &Pod) -> Option<(i32, Option<i32>, Option<i32>)> {
     let status = pod
         .status
         .as_ref()?
@@ -881,12 +891,16 @@ fn main_container_exits(pod: &Pod) -> Option<(i32, Option<i32>)> {
         .as_ref()?
         .iter()
         .find(|c| c.name == "main")?;
-    let exit = status
-        .last_state
-        .as_ref()
-        .and_then(|s| s.terminated.as_ref())
-        .map(|t| t.exit_code);
-    Some((status.restart_count, exit))
+    let exit_of = |state: Option<&k8s_openapi::api::core::v1::ContainerState>| {
+        state
+            .and_then(|s| s.terminated.as_ref())
+            .map(|t| t.exit_code)
+    };
+    Some((
+        status.restart_count,
+        exit_of(status.last_state.as_ref()),
+        exit_of(status.state.as_ref()),
+    ))
 }
 
 impl DeletionLog {
@@ -918,15 +932,17 @@ impl DeletionLog {
                     // by the check that every instance gone was seen deleted.
                     Ok(watcher::Event::Init) | Err(_) => continue,
                 };
-                if let Some((restarts, exit)) = main_container_exits(&pod) {
+                if let Some((restarts, last_exit, final_exit)) = main_container_exits(&pod) {
                     let mut seen = exits_seen.lock().expect("exit log");
-                    let entry = seen.entry(pod.uid().unwrap_or_default()).or_insert((
-                        pod.name_any(),
-                        0,
-                        None,
-                    ));
-                    entry.1 = entry.1.max(restarts);
-                    entry.2 = exit.or(entry.2);
+                    let entry = seen
+                        .entry(pod.uid().unwrap_or_default())
+                        .or_insert_with(|| InstanceExits {
+                            pod: pod.name_any(),
+                            ..InstanceExits::default()
+                        });
+                    entry.restarts = entry.restarts.max(restarts);
+                    entry.last_exit = last_exit.or(entry.last_exit);
+                    entry.final_exit = final_exit.or(entry.final_exit);
                 }
                 // deletionTimestamp is the deadline (the request + the grace period), in
                 // seconds; a pod removed at once may carry none: then the event's own time.
@@ -960,13 +976,24 @@ impl DeletionLog {
 
     /// Instances whose main container exited and was restarted in place (a crash, a fatal
     /// exit) at any time the watch ran, gone instances included.
-    fn restarted_in_place(&self) -> Vec<(String, String, i32, Option<i32>)> {
+    fn restarted_in_place(&self) -> Vec<(String, InstanceExits)> {
         self.exits
             .lock()
             .expect("exit log")
             .iter()
-            .filter(|(_, (_, restarts, _))| *restarts > 0)
-            .map(|(uid, (pod, restarts, exit))| (pod.clone(), uid.clone(), *restarts, *exit))
+            .filter(|(_, e)| e.restarts > 0)
+            .map(|(uid, e)| (uid.clone(), e.clone()))
+            .collect()
+    }
+
+    /// Every instance of `prefix`'s pods whose kubelet reported how it ended.
+    fn final_exits(&self, prefix: &str) -> Vec<(String, InstanceExits)> {
+        self.exits
+            .lock()
+            .expect("exit log")
+            .iter()
+            .filter(|(_, e)| e.pod.starts_with(prefix) && e.final_exit.is_some())
+            .map(|(uid, e)| (uid.clone(), e.clone()))
             .collect()
     }
 
@@ -1314,6 +1341,22 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
     // place: 0 TN fatal exits, read from the kubelet's reports for every instance.
     let crashed = deletions.restarted_in_place();
     assert!(crashed.is_empty(), "no instance crashed: {crashed:?}");
+    // Every instance replaced stopped cleanly: exit 0 (a fatal exit, a panic or a SIGKILL at
+    // the end of the grace period would be 1, 2 or 137), the old TN's seen.
+    let ended = deletions.final_exits("mo-");
+    println!("final exits: {ended:?}");
+    let unclean: Vec<_> = ended
+        .iter()
+        .filter(|(_, e)| e.final_exit != Some(0))
+        .collect();
+    assert!(
+        unclean.is_empty(),
+        "every instance ended with 0: {unclean:?}"
+    );
+    assert!(
+        ended.iter().any(|(_, e)| e.pod == "mo-tn-0"),
+        "the old TN's end was reported: {ended:?}"
+    );
     let names: Vec<&str> = phases.iter().map(|(p, _, _)| p.as_str()).collect();
     assert_eq!(names, ["log", "tn", "cn", "proxy", "complete"]);
     let mut cost = serde_json::Map::new();
