@@ -138,7 +138,7 @@ pub fn start() -> Result<ControlPlane, TestEnvError> {
     }
     let bin = binaries()?;
     let root = std::env::temp_dir().join("mo-testenv");
-    remove_stale_runs(&root);
+    remove_stale_runs(&root, &["run-"]);
     let dir = root.join(format!("run-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(io("creating the run directory"))?;
     let certs = Certs::write(&dir)?;
@@ -451,17 +451,19 @@ pub fn spawn_with_parent_death(command: &mut Command, log: &Path) -> std::io::Re
     command.spawn()
 }
 
-/// Runs left by a killed test process: their owner is gone, so are their children.
-fn remove_stale_runs(root: &Path) {
+/// Removes the entries of `root` named `<prefix><anything>-<pid>` (one of `prefixes`) whose
+/// process has ended: what a killed or finished test process left. Their owner is gone, so are
+/// their children.
+pub fn remove_stale_runs(root: &Path, prefixes: &[&str]) {
     let Ok(entries) = std::fs::read_dir(root) else {
         return;
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
-        let Some(pid) = name
-            .strip_prefix("run-")
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
+        if !prefixes.iter().any(|p| name.starts_with(p)) {
+            continue;
+        }
+        let Some(pid) = name.rsplit('-').next().and_then(|p| p.parse::<u32>().ok()) else {
             continue;
         };
         if !Path::new(&format!("/proc/{pid}")).exists() {

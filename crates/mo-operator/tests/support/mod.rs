@@ -9,7 +9,7 @@ use kube::{Client, ResourceExt};
 use mo_kube::crd::MatrixOneCluster;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -58,33 +58,13 @@ pub fn real_plane_dir() -> PathBuf {
     DIR.get_or_init(|| {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("real-plane");
         std::fs::create_dir_all(&dir).expect("real plane dir");
-        remove_finished_runs(&dir);
+        // An ended run's kubelet state (`run-<pid>`) and its clusters' shared storage
+        // (`shared-<ns>-<pid>`). Its containers had their mounts in private mount namespaces
+        // that ended with them, so removing an entry reaches nothing outside it.
+        mo_testenv::remove_stale_runs(&dir, &["run-", "shared-"]);
         dir
     })
     .clone()
-}
-
-/// Removes `run-<pid>` entries whose process has ended. Their containers' mounts lived in
-/// private mount namespaces that ended with them, so nothing outside the entry is reached.
-fn remove_finished_runs(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix("run-")
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        // Our own run is alive too.
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            if let Err(e) = std::fs::remove_dir_all(entry.path()) {
-                eprintln!("could not remove {}: {e}", entry.path().display());
-            }
-        }
-    }
 }
 
 fn kubelet_args(kind: DataPlane) -> Vec<String> {
