@@ -166,6 +166,113 @@ impl Generation {
     }
 }
 
+/// A release as the kernel's tags name them: `vX.Y.Z` or `vX.Y.Z-rcN`, ordered (a release
+/// candidate before its release).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Tag(u32, u32, u32, u32);
+
+const FINAL: u32 = u32::MAX;
+
+impl Tag {
+    /// Only the two shapes of the kernel's release tags: anything else (a hotfix tag, a hash, a
+    /// nightly) may carry another catalog than the release it names.
+    fn parse(version: &str) -> Option<Tag> {
+        let core = version.strip_prefix('v').unwrap_or(version);
+        let (core, pre) = match core.split_once('-') {
+            Some((core, rc)) => (core, rc.strip_prefix("rc")?.parse::<u32>().ok()?),
+            None => (core, FINAL),
+        };
+        let mut parts = core.split('.').map(|p| p.parse::<u32>().ok());
+        let tag = Tag(parts.next()??, parts.next()??, parts.next()??, pre);
+        parts.next().is_none().then_some(tag)
+    }
+}
+
+/// The catalog version each kernel release brings: the last step of its upgrade framework
+/// (`pkg/bootstrap/versions/vX_Y_Z`, `Version` of the newest handler), read at every release
+/// tag of `matrixorigin/matrixone` from v1.2.0 to v4.2.0; the handlers' `VersionOffset` does
+/// not change within a row (checked for v3.0.15 to v3.0.18). A CN whose release brings an
+/// older catalog than the one the cluster's catalog reached exits fatally at start ("cannot
+/// startup a old version", `pkg/bootstrap/service_upgrade.go`); the catalog only moves
+/// forward, through every step in between, which the first CN of a newer release runs.
+const CATALOGS: [(Tag, Tag, (u32, u32, u32)); 17] = [
+    (Tag(1, 2, 0, FINAL), Tag(1, 2, 0, FINAL), (1, 2, 0)),
+    (Tag(1, 2, 1, FINAL), Tag(1, 2, 1, FINAL), (1, 2, 1)),
+    (Tag(1, 2, 2, FINAL), Tag(1, 2, 2, FINAL), (1, 2, 2)),
+    (Tag(1, 2, 3, FINAL), Tag(1, 2, 4, FINAL), (1, 2, 3)),
+    (Tag(2, 0, 0, FINAL), Tag(2, 0, 0, FINAL), (2, 0, 0)),
+    (Tag(2, 0, 1, FINAL), Tag(2, 0, 1, FINAL), (2, 0, 1)),
+    (Tag(2, 0, 2, FINAL), Tag(2, 0, 2, FINAL), (2, 0, 2)),
+    (Tag(2, 0, 3, FINAL), Tag(2, 0, 5, FINAL), (2, 0, 3)),
+    (Tag(2, 1, 0, FINAL), Tag(2, 1, 1, FINAL), (2, 1, 0)),
+    (Tag(2, 2, 0, FINAL), Tag(2, 2, 2, FINAL), (2, 2, 0)),
+    (Tag(3, 0, 0, FINAL), Tag(3, 0, 9, FINAL), (3, 0, 0)),
+    (Tag(3, 0, 10, FINAL), Tag(3, 0, 14, FINAL), (3, 0, 2)),
+    (Tag(3, 0, 15, FINAL), Tag(3, 0, 18, FINAL), (3, 0, 3)),
+    (Tag(4, 0, 0, 1), Tag(4, 0, 0, 2), (4, 0, 0)),
+    (Tag(4, 0, 0, 3), Tag(4, 0, 0, 4), (4, 0, 1)),
+    (Tag(4, 1, 0, FINAL), Tag(4, 1, 4, FINAL), (4, 0, 1)),
+    (Tag(4, 2, 0, FINAL), Tag(4, 2, 0, FINAL), (4, 0, 6)),
+];
+
+/// The catalog version release `version` brings (see [`CATALOGS`]); None for a version the
+/// table cannot place: not a release tag, or a release newer than the table.
+pub fn catalog(version: &str) -> Option<(u32, u32, u32)> {
+    let tag = Tag::parse(version)?;
+    CATALOGS
+        .iter()
+        .find(|(first, last, _)| (*first..=*last).contains(&tag))
+        .map(|(_, _, catalog)| *catalog)
+}
+
+fn named(catalog: Option<(u32, u32, u32)>) -> String {
+    match catalog {
+        Some((x, y, z)) => format!("catalog {x}.{y}.{z}"),
+        None => "a catalog the operator cannot place".into(),
+    }
+}
+
+/// Whether a CN may start on `version` in a cluster whose CNs have run `ran` (every version,
+/// in the order each first ran). The catalog only moves forward, so `version` must bring a
+/// catalog at least as new as that of every version run after it (every version run, if it
+/// never ran here). A version run before whose catalog, or a later one's, cannot be placed is
+/// refused: the operator cannot tell whether the later CNs moved the catalog past it. A
+/// version never run here that the table cannot place is the one thing let through: the
+/// operator cannot tell its direction, and the kernel itself stops a CN that would go back.
+pub fn cn_may_run(version: &str, ran: &[String]) -> Result<(), String> {
+    let since = ran.iter().position(|v| v == version);
+    let later = match since {
+        Some(i) => &ran[i + 1..],
+        None => ran,
+    };
+    let wanted = catalog(version);
+    for other in later.iter().filter(|v| *v != version) {
+        let reached = catalog(other);
+        match (wanted, reached) {
+            (Some(w), Some(r)) if w >= r => {}
+            (None, _) | (_, None) if since.is_none() => {}
+            (Some(_), Some(_)) => {
+                return Err(format!(
+                    "{version} ({}) cannot run on a catalog that {other}'s CNs moved to {}: \
+                     the kernel stops a CN of an older catalog (\"cannot startup a old version\")",
+                    named(wanted),
+                    named(reached)
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "{version} ran before {other}, and the operator cannot tell whether {other}'s \
+                     CNs moved the catalog past {version}'s ({} / {}): a CN of an older catalog \
+                     exits at start",
+                    named(wanted),
+                    named(reached)
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,5 +302,71 @@ mod tests {
             assert_eq!(g.cn_store_info_commit_field, 17, "{:?}", g.generation);
         }
         assert!(TABLE.windows(2).all(|w| w[0].since < w[1].since));
+    }
+
+    #[test]
+    fn every_release_tag_finds_its_catalog() {
+        let cases = [
+            ("v1.2.0", Some((1, 2, 0))),
+            ("v1.2.3", Some((1, 2, 3))),
+            ("v1.2.4", Some((1, 2, 3))),
+            ("v2.0.4", Some((2, 0, 3))),
+            ("v2.1.1", Some((2, 1, 0))),
+            ("v2.2.2", Some((2, 2, 0))),
+            ("v3.0.9", Some((3, 0, 0))),
+            ("v3.0.10", Some((3, 0, 2))),
+            ("v3.0.14", Some((3, 0, 2))),
+            ("v3.0.15", Some((3, 0, 3))),
+            ("3.0.18", Some((3, 0, 3))),
+            ("v4.0.0-rc2", Some((4, 0, 0))),
+            ("v4.0.0-rc3", Some((4, 0, 1))),
+            ("v4.1.4", Some((4, 0, 1))),
+            ("v4.2.0", Some((4, 0, 6))),
+            // Not release tags, or newer than the table.
+            ("v4.0.0", None),
+            ("v3.0.19", None),
+            ("v3.0.4-hotfix-20251114", None),
+            ("v1.1.9", None),
+            ("f2dd397", None),
+            ("v2", None),
+        ];
+        for (version, expected) in cases {
+            assert_eq!(catalog(version), expected, "{version}");
+        }
+        assert!(
+            CATALOGS
+                .windows(2)
+                .all(|w| w[0].1 < w[1].0 && w[0].2 <= w[1].2)
+        );
+    }
+
+    fn ran(versions: &[&str]) -> Vec<String> {
+        versions.iter().map(|v| v.to_string()).collect()
+    }
+
+    #[test]
+    fn a_cn_never_goes_back_to_an_older_catalog() {
+        // Forward, across generations and catalogs.
+        assert_eq!(cn_may_run("v3.0.15", &ran(&["v1.2.4"])), Ok(()));
+        assert_eq!(cn_may_run("v4.0.0-rc2", &ran(&["v3.0.15"])), Ok(()));
+        // Back within one catalog: v1.2.3 and v1.2.4 both bring 1.2.3.
+        assert_eq!(cn_may_run("v1.2.3", &ran(&["v1.2.3", "v1.2.4"])), Ok(()));
+        // Back across catalogs, after the newer CNs ran: refused, both named.
+        let refused = cn_may_run("v3.0.15", &ran(&["v3.0.15", "v4.0.0-rc2"])).unwrap_err();
+        assert!(
+            refused.contains("catalog 3.0.3") && refused.contains("catalog 4.0.0"),
+            "{refused}"
+        );
+        // A downgrade to a release never run here, older than what ran: refused.
+        assert!(cn_may_run("v3.0.12", &ran(&["v3.0.15"])).is_err());
+        // A version never run here that the table cannot place: its direction is unknown.
+        assert_eq!(cn_may_run("nightly-0bbda669", &ran(&["v3.0.15"])), Ok(()));
+        // A return to a version run before, past one that cannot be placed (or from one that
+        // cannot be placed): refused, never guessed.
+        assert!(cn_may_run("v3.0.15", &ran(&["v3.0.15", "nightly-0bbda669"])).is_err());
+        assert!(cn_may_run("v1", &ran(&["v1", "v2"])).is_err());
+        // The version itself, or nothing after it.
+        assert_eq!(cn_may_run("v2", &ran(&["v1", "v2"])), Ok(()));
+        assert_eq!(cn_may_run("v4.2.0", &ran(&[])), Ok(()));
     }
 }

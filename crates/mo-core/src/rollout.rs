@@ -9,6 +9,7 @@ use crate::action::{Action, ActionError, ActionResult};
 use crate::component::Component;
 use crate::drain::{Drain, DrainEnd, DrainPurpose, DrainStage};
 use crate::gates::{self, Gate};
+use crate::generation;
 use crate::observe::{Observation, PodObservation, PodPhase, UpgradeSpec};
 use crate::time::{Millis, format_duration};
 use serde::{Deserialize, Serialize};
@@ -321,6 +322,12 @@ pub struct Rollout {
     /// existed: then told from the versions, as it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creation: Option<bool>,
+    /// Every version the cluster's CNs have run, in the order each first ran, kept from the
+    /// rollout this one replaced (finished or not): the kernel's catalog only moves forward,
+    /// so a CN may go back only to a version whose catalog is as new as every later one's
+    /// ([`generation::cn_may_run`]). A version enters before the rollout starts a CN on it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cn_versions: Vec<String>,
 }
 
 /// What happened this step, for the policy to report.
@@ -349,6 +356,8 @@ impl Rollout {
                 obs.pods.iter().all(|p| p.version == spec.target_version),
             ),
         };
+        let mut cn_versions = replaced.map(|r| r.cn_versions.clone()).unwrap_or_default();
+        note_cn_versions(&mut cn_versions, obs);
         Rollout {
             target: spec.target_version.clone(),
             previous,
@@ -368,7 +377,13 @@ impl Rollout {
             more: Vec::new(),
             alarmed: false,
             creation: Some(creation),
+            cn_versions,
         }
+    }
+
+    /// Why no CN may start on `version` here, if none may (see [`Rollout::cn_versions`]).
+    pub fn cn_refusal(&self, version: &str) -> Option<String> {
+        generation::cn_may_run(version, &self.cn_versions).err()
     }
 
     /// The rollout creates the cluster: no pod ran another version when it started (recorded
@@ -545,20 +560,26 @@ impl Rollout {
                 "stalled in the {component} phase: no progress for {}: {waiting}",
                 format_duration(now - self.last_progress)
             );
+            let wants_rollback =
+                timing.on_stall == OnStall::Rollback && !self.rolling_back && self.phase_started;
+            let refusal = wants_rollback
+                .then(|| self.rollback_refusal(component))
+                .flatten();
             if self.is_creation() {
                 if !self.alarmed {
                     self.alarmed = true;
                     report.alarmed = Some(reason);
                 }
-            } else if timing.on_stall == OnStall::Rollback
-                && !self.rolling_back
-                && self.phase_started
-            {
+            } else if wants_rollback && refusal.is_none() {
                 self.rolling_back = true;
                 self.progress(now, Step::NextPod);
                 self.lanes_for_rollback(drains);
                 self.hold = Some(format!("rolling the {component} phase back: {reason}"));
             } else {
+                let reason = match refusal {
+                    Some(refusal) => format!("{reason}; no rollback: {refusal}"),
+                    None => reason,
+                };
                 self.status = if self.rolling_back {
                     RolloutStatus::RolledBack {
                         reason: format!("rollback stalled too: {reason}"),
@@ -575,6 +596,15 @@ impl Rollout {
         report
     }
 
+    /// Why the `component` phase may not go back to its previous version: only CNs carry the
+    /// catalog.
+    fn rollback_refusal(&self, component: Component) -> Option<String> {
+        let previous = self.previous.get(&component)?;
+        (component == Component::Cn)
+            .then(|| self.cn_refusal(previous))
+            .flatten()
+    }
+
     fn step_forward(
         &mut self,
         obs: &Observation,
@@ -584,6 +614,7 @@ impl Rollout {
         actions: &mut Vec<Action>,
         mut report: StepReport,
     ) -> StepReport {
+        note_cn_versions(&mut self.cn_versions, obs);
         self.keep_tolerance(obs, component, timing, actions);
         if timing.pre_pull && !self.rolling_back {
             self.pre_pull(obs, timing, actions);
@@ -1049,6 +1080,9 @@ impl Rollout {
                 }
             }
             Component::Cn => {
+                // Recorded before the drain that starts a CN on it is: the catalog may move
+                // as soon as that CN runs.
+                note_cn_version(&mut self.cn_versions, version);
                 let uuid = pod.cn_uuid.clone().unwrap_or_default();
                 if let Some(other) = drains
                     .iter_mut()
@@ -1431,6 +1465,26 @@ fn staying(obs: &Observation, component: Component) -> usize {
 
 /// What each component runs now, read from every pod (not the first listed): the version most
 /// of its pods run (ties: the lowest, so the answer does not depend on listing order).
+/// Every version a CN pod runs now that `ran` does not hold yet, most common first (the
+/// version the cluster ran before a rollout leads its list).
+fn note_cn_versions(ran: &mut Vec<String>, obs: &Observation) {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for p in obs.pods_of(Component::Cn) {
+        *counts.entry(p.version.as_str()).or_default() += 1;
+    }
+    let mut seen: Vec<(&str, usize)> = counts.into_iter().collect();
+    seen.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    for (version, _) in seen {
+        note_cn_version(ran, version);
+    }
+}
+
+fn note_cn_version(ran: &mut Vec<String>, version: &str) {
+    if !version.is_empty() && !ran.iter().any(|v| v == version) {
+        ran.push(version.to_string());
+    }
+}
+
 fn ran_before(obs: &Observation) -> BTreeMap<Component, String> {
     Component::ALL
         .iter()

@@ -499,7 +499,21 @@ impl SafePolicy {
             .is_none_or(|r| r.target != spec.target_version);
         if fresh {
             let replaced = self.record.rollout.take();
-            self.record.rollout = Some(Rollout::start(spec, obs, replaced.as_ref()));
+            let mut rollout = Rollout::start(spec, obs, replaced.as_ref());
+            // A version no CN may go to halts its rollout before anything moves; the next
+            // version the spec asks for starts over from there.
+            if let Some(refusal) = rollout.cn_refusal(&rollout.target) {
+                let reason = format!("version {} refused: {refusal}", rollout.target);
+                rollout.status = RolloutStatus::Halted {
+                    reason: reason.clone(),
+                };
+                self.record.rollout = Some(rollout);
+                return StepReport {
+                    halted: Some(reason),
+                    ..StepReport::default()
+                };
+            }
+            self.record.rollout = Some(rollout);
         }
         let timing = self.config.rollout_timing();
         let rollout = self.record.rollout.as_mut().expect("set above");

@@ -80,7 +80,12 @@ fn cluster(version: &str) -> Observation {
         .collect();
     let nodes: BTreeMap<String, Vec<String>> = pods
         .iter()
-        .map(|p| (p.node.clone(), vec![version.to_string(), "v2".to_string()]))
+        .map(|p| {
+            (
+                p.node.clone(),
+                vec![version.to_string(), "v1.2.4".to_string()],
+            )
+        })
         .collect();
     Observation {
         now: Millis::from_secs(100),
@@ -121,7 +126,7 @@ fn cluster(version: &str) -> Observation {
 
 #[test]
 fn log_margin_needs_a_leader_and_a_majority_of_others() {
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     assert!(gates::log_restart_margin(&o, "log-0").is_ok());
     // One other replica lagging: restarting log-0 would leave one caught-up replica of three.
     o.hakeeper.as_mut().unwrap().log_shards[1] = shard(1, "log-0", &[true, false, true]);
@@ -144,7 +149,7 @@ fn log_margin_needs_a_leader_and_a_majority_of_others() {
 
 #[test]
 fn leadership_moves_to_a_caught_up_peer() {
-    let o = cluster("v1");
+    let o = cluster("v1.2.3");
     assert_eq!(
         gates::leadership_to_move(&o, "log-0"),
         vec![(0, "log-1".to_string()), (1, "log-1".to_string())]
@@ -154,8 +159,8 @@ fn leadership_moves_to_a_caught_up_peer() {
 
 #[test]
 fn cn_gate_wants_the_new_instance_working_and_fresh() {
-    let mut o = cluster("v2");
-    assert!(gates::cn_healthy(&o, "cn-0", "v2").is_ok());
+    let mut o = cluster("v1.2.4");
+    assert!(gates::cn_healthy(&o, "cn-0", "v1.2.4").is_ok());
     // A container started 2 s ago while HAKeeper's last heartbeat is 1 s old: that heartbeat
     // may be the old process's (HAKeeper keeps a quickly restarted CN's record and UpTime).
     let now = o.now;
@@ -169,30 +174,30 @@ fn cn_gate_wants_the_new_instance_working_and_fresh() {
     started(&mut o, now - Millis(2_000));
     o.hakeeper.as_mut().unwrap().cns[0].heartbeat_age = Millis(1_000);
     assert!(
-        gates::cn_healthy(&o, "cn-0", "v2")
+        gates::cn_healthy(&o, "cn-0", "v1.2.4")
             .unwrap_err()
             .contains("no heartbeat yet from the container")
     );
     // Heard from after its start: the new instance.
     o.hakeeper.as_mut().unwrap().cns[0].heartbeat_age = Millis(200);
-    assert!(gates::cn_healthy(&o, "cn-0", "v2").is_ok());
+    assert!(gates::cn_healthy(&o, "cn-0", "v1.2.4").is_ok());
     // No start time known: no evidence.
     o.pods
         .iter_mut()
         .find(|p| p.name == "cn-0")
         .unwrap()
         .started_at = None;
-    assert!(gates::cn_healthy(&o, "cn-0", "v2").is_err());
+    assert!(gates::cn_healthy(&o, "cn-0", "v1.2.4").is_err());
     started(&mut o, Millis(0));
     o.hakeeper.as_mut().unwrap().cns[0].heartbeat_age = Millis(10_000);
     assert!(
-        gates::cn_healthy(&o, "cn-0", "v2")
+        gates::cn_healthy(&o, "cn-0", "v1.2.4")
             .unwrap_err()
             .contains("heartbeat")
     );
     o.hakeeper.as_mut().unwrap().cns.remove(0);
     assert!(
-        gates::cn_healthy(&o, "cn-0", "v2")
+        gates::cn_healthy(&o, "cn-0", "v1.2.4")
             .unwrap_err()
             .contains("not registered")
     );
@@ -200,40 +205,40 @@ fn cn_gate_wants_the_new_instance_working_and_fresh() {
 
 #[test]
 fn tn_gate_wants_heartbeats_and_a_writable_wal() {
-    let mut o = cluster("v2");
-    assert!(gates::tn_healthy(&o, "v2").is_ok());
+    let mut o = cluster("v1.2.4");
+    assert!(gates::tn_healthy(&o, "v1.2.4").is_ok());
     o.hakeeper.as_mut().unwrap().log_shards[1] = shard(1, "log-0", &[true, false, false]);
-    assert!(gates::tn_healthy(&o, "v2").unwrap_err().contains("WAL"));
+    assert!(gates::tn_healthy(&o, "v1.2.4").unwrap_err().contains("WAL"));
 }
 
 #[test]
 fn proxy_gate_needs_a_route() {
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     assert!(gates::other_proxy_routes(&o, Some("proxy-0")).is_ok());
     o.proxy_routes.insert("proxy-1".into(), Ok(0));
     assert!(gates::other_proxy_routes(&o, Some("proxy-0")).is_err());
-    assert!(gates::component_gate(&o, Component::Proxy, "v1").is_ok());
+    assert!(gates::component_gate(&o, Component::Proxy, "v1.2.3").is_ok());
 }
 
 #[test]
 fn a_component_gate_waits_for_a_missing_pod() {
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     o.desired.replicas.insert(Component::Cn, 3);
-    let err = gates::component_gate(&o, Component::Cn, "v1").expect_err("one CN is missing");
+    let err = gates::component_gate(&o, Component::Cn, "v1.2.3").expect_err("one CN is missing");
     assert!(err.contains("2 of 3 cn pods exist"), "{err}");
     o.desired.replicas.insert(Component::Cn, 2);
-    assert!(gates::component_gate(&o, Component::Cn, "v1").is_ok());
+    assert!(gates::component_gate(&o, Component::Cn, "v1.2.3").is_ok());
     o.pods
         .iter_mut()
         .find(|p| p.name == "cn-1")
         .expect("cn-1")
         .terminating = true;
-    assert!(gates::component_gate(&o, Component::Cn, "v1").is_err());
+    assert!(gates::component_gate(&o, Component::Cn, "v1.2.3").is_err());
 }
 
 fn upgrade(o: &mut Observation, strategy: &str) {
     o.desired.upgrade = Some(UpgradeSpec {
-        target_version: "v2".into(),
+        target_version: "v1.2.4".into(),
         strategy: Strategy::parse(strategy).unwrap(),
     });
 }
@@ -265,10 +270,10 @@ fn proxy_mut<'a>(o: &'a mut Observation, name: &str) -> &'a mut PodObservation {
 }
 
 /// A proxy-first upgrade that takes proxy-0 out of its Service, waits for its clients to
-/// leave, then restarts it onto v2.
+/// leave, then restarts it onto v1.2.3.2.4.
 fn proxy_first_upgrade(config: SafeConfig) -> (SafePolicy, Observation) {
     let mut p = SafePolicy::new(config);
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     upgrade(
         &mut o,
         r#"{"proxy":[],"log":["proxy"],"tn":["log"],"cn":["tn"]}"#,
@@ -294,7 +299,7 @@ fn proxy_first_upgrade(config: SafeConfig) -> (SafePolicy, Observation) {
     assert!(d.actions.contains(&Action::RestartPod {
         pod: "proxy-0".into(),
         uid: "u-px-0".into(),
-        version: "v2".into()
+        version: "v1.2.4".into()
     }));
     // The recreated pod starts in its Service, from its template.
     proxy_mut(&mut o, "proxy-0").serving = true;
@@ -307,7 +312,7 @@ fn a_proxy_stops_only_out_of_its_service_with_no_client_left_and_never_past_its_
     let config = SafeConfig::default();
     let grace = config.proxy_drain_grace;
     let mut p = SafePolicy::new(config);
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     upgrade(
         &mut o,
         r#"{"proxy":[],"log":["proxy"],"tn":["log"],"cn":["tn"]}"#,
@@ -375,12 +380,12 @@ const LOG_FIRST: &str = r#"{"log":[],"tn":["log"],"cn":["tn"],"proxy":["cn"]}"#;
 #[test]
 fn the_first_log_restart_waits_for_the_margin_and_widens_tn_tolerance() {
     let mut p = SafePolicy::new(SafeConfig::default());
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     upgrade(&mut o, LOG_FIRST);
     // Followers go first: here they are done, and log-0, the leader, is left.
     for pod in o.pods.iter_mut().filter(|p| p.name != "log-0") {
         if pod.component == Component::Log {
-            pod.version = "v2".into();
+            pod.version = "v1.2.4".into();
         }
     }
     o.hakeeper.as_mut().unwrap().log_shards[1] = shard(1, "log-0", &[true, false, true]);
@@ -420,7 +425,7 @@ fn the_first_log_restart_waits_for_the_margin_and_widens_tn_tolerance() {
         vec![Action::RestartPod {
             pod: "log-0".into(),
             uid: "u-log-0".into(),
-            version: "v2".into()
+            version: "v1.2.4".into()
         }]
     );
 }
@@ -445,11 +450,11 @@ fn answered(actions: &[Action], result: Result<ActionOutput, ActionError>) -> Ve
         .collect()
 }
 
-/// A LOG pod has restarted onto v2 and caught up: the rollout's next decisions see it.
+/// A LOG pod has restarted onto v1.2.3.2.4 and caught up: the rollout's next decisions see it.
 fn log_restarted(p: &mut SafePolicy, o: &mut Observation, pod: &str, uid: &str) {
     let old = o.pods.iter().position(|x| x.name == pod).unwrap();
     o.pods[old].uid = uid.into();
-    o.pods[old].version = "v2".into();
+    o.pods[old].version = "v1.2.4".into();
     o.pods[old].started_at = Some(o.now);
     o.now += Millis::from_secs(1);
     decide(p, o); // Restart -> Verify
@@ -462,7 +467,7 @@ fn log_restarted(p: &mut SafePolicy, o: &mut Observation, pod: &str, uid: &str) 
 #[test]
 fn a_kernel_without_leader_transfer_restarts_followers_first_then_the_leader_with_its_margin() {
     let mut p = SafePolicy::new(SafeConfig::default());
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     upgrade(&mut o, LOG_FIRST);
     // log-1 leads the WAL shard, log-0 HAKeeper's: log-2 leads nothing and goes first.
     o.hakeeper.as_mut().unwrap().log_shards[1] = shard(1, "log-1", &[true, true, true]);
@@ -519,11 +524,11 @@ fn a_kernel_without_leader_transfer_restarts_followers_first_then_the_leader_wit
 #[test]
 fn a_failed_leader_transfer_is_retried_never_taken_as_unsupported() {
     let mut p = SafePolicy::new(SafeConfig::default());
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     upgrade(&mut o, LOG_FIRST);
     for pod in o.pods.iter_mut().filter(|p| p.name != "log-0") {
         if pod.component == Component::Log {
-            pod.version = "v2".into();
+            pod.version = "v1.2.4".into();
         }
     }
     let d = decide(&mut p, &o);
@@ -559,7 +564,7 @@ fn a_failed_leader_transfer_is_retried_never_taken_as_unsupported() {
 fn a_stall_halts_with_the_failing_gate_and_then_does_nothing() {
     let config = SafeConfig::default();
     let mut p = SafePolicy::new(config.clone());
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     upgrade(&mut o, LOG_FIRST);
     // Two LOG peers never catch up: no restart keeps a majority, ever.
     o.hakeeper.as_mut().unwrap().log_shards[1] = shard(1, "log-0", &[true, false, false]);
@@ -597,7 +602,7 @@ fn a_gate_that_flaps_halts_at_the_stall_timeout_instead_of_holding_for_good() {
     let (mut p, mut o) = proxy_first_upgrade(config.clone());
     let old = o.pods.iter().position(|x| x.name == "proxy-0").unwrap();
     o.pods[old].uid = "u-px-0b".into();
-    o.pods[old].version = "v2".into();
+    o.pods[old].version = "v1.2.4".into();
     o.pods[old].started_at = Some(o.now);
     let start = o.now;
     let window = config.stability_window.0 / 1000;
@@ -647,11 +652,11 @@ fn rollback_restores_the_phase_through_the_same_gates() {
         on_stall: OnStall::Rollback,
         ..SafeConfig::default()
     };
-    // proxy-0 restarts onto v2 and never routes again.
+    // proxy-0 restarts onto v1.2.3.2.4 and never routes again.
     let (mut p, mut o) = proxy_first_upgrade(config.clone());
     o.pods.retain(|x| x.name != "proxy-0");
     o.pods
-        .push(pod("proxy-0", Component::Proxy, "v2", "u-px-0b"));
+        .push(pod("proxy-0", Component::Proxy, "v1.2.4", "u-px-0b"));
     o.proxy_routes.insert("proxy-0".into(), Ok(0));
     let mut rolled_back = None;
     for t in 1..(config.stall_timeout.0 / 1000 + 30) {
@@ -672,7 +677,7 @@ fn rollback_restores_the_phase_through_the_same_gates() {
         Some(Action::RestartPod {
             pod: "proxy-0".into(),
             uid: "u-px-0b".into(),
-            version: "v1".into()
+            version: "v1.2.3".into()
         }),
         "the stalled phase goes back to its previous version"
     );
@@ -681,7 +686,7 @@ fn rollback_restores_the_phase_through_the_same_gates() {
 #[test]
 fn cn_evictions_start_a_drain_and_log_tn_evictions_follow_the_gates() {
     let mut p = SafePolicy::new(SafeConfig::default());
-    let o = cluster("v1");
+    let o = cluster("v1.2.3");
     let req = |pod: &str, uid: &str| EvictionRequest {
         pod: pod.into(),
         uid: uid.into(),
@@ -758,7 +763,7 @@ fn cn_evictions_start_a_drain_and_log_tn_evictions_follow_the_gates() {
 #[test]
 fn an_unreadable_record_halts_the_rollout_instead_of_starting_over() {
     let mut p = SafePolicy::resume(SafeConfig::default(), "{not json");
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     upgrade(&mut o, LOG_FIRST);
     let d = decide(&mut p, &o);
     assert!(d.actions.is_empty(), "{:?}", d.actions);
@@ -772,7 +777,7 @@ fn an_unreadable_record_halts_the_rollout_instead_of_starting_over() {
 #[test]
 fn every_progress_record_round_trips() {
     let mut p = SafePolicy::new(SafeConfig::default());
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     upgrade(&mut o, LOG_FIRST);
     o.tn_wal_tolerance = Some(SafeConfig::default().tn_wal_tolerance);
     for t in 0..30 {
@@ -790,7 +795,7 @@ fn a_pod_replaced_on_the_old_version_is_restarted_again_not_waited_on() {
     // Someone else deleted it first: the workload recreated it from the old template.
     o.pods.retain(|x| x.name != "proxy-0");
     o.pods
-        .push(pod("proxy-0", Component::Proxy, "v1", "u-px-0-other"));
+        .push(pod("proxy-0", Component::Proxy, "v1.2.3", "u-px-0-other"));
     let mut again = None;
     for t in 1..15 {
         o.now = Millis::from_secs(100 + t);
@@ -810,7 +815,7 @@ fn a_pod_replaced_on_the_old_version_is_restarted_again_not_waited_on() {
         Some(Action::RestartPod {
             pod: "proxy-0".into(),
             uid: "u-px-0-other".into(),
-            version: "v2".into()
+            version: "v1.2.4".into()
         })
     );
 }
@@ -820,7 +825,7 @@ fn a_pod_replaced_on_the_old_version_is_restarted_again_not_waited_on() {
 #[test]
 fn a_released_restart_drain_leaves_the_new_instance_to_a_newer_drain() {
     let mut p = SafePolicy::new(SafeConfig::default());
-    let mut o = cluster("v2");
+    let mut o = cluster("v1.2.4");
     // A restart drain of cn-0 (old instance u-cn-0) was released; cn-0 came back as u-cn-0b
     // with its record still Draining, and its removal was requested.
     let mut restart = drain::Drain::new(
@@ -828,7 +833,7 @@ fn a_released_restart_drain_leaves_the_new_instance_to_a_newer_drain() {
         "u-cn-0",
         "uuid-cn-0",
         drain::DrainPurpose::Restart {
-            version: "v2".into(),
+            version: "v1.2.4".into(),
         },
         Millis::from_secs(1),
     );
@@ -842,7 +847,7 @@ fn a_released_restart_drain_leaves_the_new_instance_to_a_newer_drain() {
         &serde_json::to_string(&record).unwrap(),
     );
     o.pods.retain(|x| x.name != "cn-0");
-    o.pods.push(pod("cn-0", Component::Cn, "v2", "u-cn-0b"));
+    o.pods.push(pod("cn-0", Component::Cn, "v1.2.4", "u-cn-0b"));
     o.hakeeper.as_mut().unwrap().cns[0].work_state = WorkState::Draining;
     o.desired.removals.push(RemovalRequest {
         id: 1,
@@ -894,7 +899,7 @@ fn a_released_drain_is_checked_again_before_a_second_eviction_is_allowed() {
         SafeConfig::default(),
         &serde_json::to_string(&record).unwrap(),
     );
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     // The same pod object, a new process: HAKeeper shows a new start epoch, Working again.
     o.hakeeper.as_mut().unwrap().cns[0].start_epoch = 11;
     let verdict = p.review_eviction(
@@ -923,7 +928,7 @@ fn evictions_of_the_last_two_cns_in_the_same_instant_drain_only_one() {
     // Both drains are decided in one step, before HAKeeper shows either mark: the second must
     // count the first as draining, or both CNs are marked and neither's sessions can move.
     let mut p = SafePolicy::new(SafeConfig::default());
-    let o = cluster("v1");
+    let o = cluster("v1.2.3");
     for (pod, uid) in [("cn-0", "u-cn-0"), ("cn-1", "u-cn-1")] {
         let req = EvictionRequest {
             pod: pod.into(),
@@ -962,14 +967,14 @@ fn evictions_of_the_last_two_cns_in_the_same_instant_drain_only_one() {
 fn two_lock_owners_never_hand_over_at_once() {
     // Each owner, once marked, makes new lockers of its tables retry until its own
     // transactions end; two at once can wait on each other for good. The second waits.
-    let mut o = cluster("v1");
-    o.pods.push(pod("cn-2", Component::Cn, "v1", "u-cn-2"));
+    let mut o = cluster("v1.2.3");
+    o.pods.push(pod("cn-2", Component::Cn, "v1.2.3", "u-cn-2"));
     o.hakeeper.as_mut().unwrap().cns.push(CnStoreView {
         uuid: "uuid-cn-2".into(),
         start_epoch: 12,
         work_state: WorkState::Working,
         heartbeat_age: Millis(500),
-        version: "v1".into(),
+        version: "v1.2.3".into(),
     });
     o.cn_activity
         .insert("cn-2".to_string(), Ok(CnActivity::default()));
@@ -1028,7 +1033,7 @@ fn two_lock_owners_never_hand_over_at_once() {
 #[test]
 fn a_drain_whose_pod_was_replaced_leaves_the_new_instance_to_the_new_pods_drain() {
     let mut p = SafePolicy::new(SafeConfig::default());
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     upgrade(
         &mut o,
         r#"{"cn":[],"log":["cn"],"tn":["log"],"proxy":["tn"]}"#,
@@ -1058,7 +1063,7 @@ fn a_drain_whose_pod_was_replaced_leaves_the_new_instance_to_the_new_pods_drain(
     // Deleted by hand and recreated: a new pod, whose instance HAKeeper has heard from, with
     // the kept record's Draining mark.
     o.pods.retain(|x| x.name != "cn-0");
-    let mut new = pod("cn-0", Component::Cn, "v1", "u-cn-0b");
+    let mut new = pod("cn-0", Component::Cn, "v1.2.3", "u-cn-0b");
     new.started_at = Some(o.now);
     o.pods.push(new);
     o.cn_activity
@@ -1105,14 +1110,14 @@ fn a_drain_whose_pod_was_replaced_leaves_the_new_instance_to_the_new_pods_drain(
 /// the operator sees them).
 #[test]
 fn a_proxy_counts_as_a_route_only_with_a_running_cn_that_serves_the_workload() {
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     assert!(gates::other_proxy_routes(&o, Some("proxy-0")).is_ok());
     for p in o.pods.iter_mut().filter(|p| p.component == Component::Cn) {
         p.pool_phase = Some(PoolPhase::Idle);
     }
     let e = gates::other_proxy_routes(&o, Some("proxy-0")).unwrap_err();
     assert!(e.contains("serves the workload"), "{e}");
-    assert!(gates::proxy_healthy(&o, "proxy-1", "v1").is_err());
+    assert!(gates::proxy_healthy(&o, "proxy-1", "v1.2.3").is_err());
     for p in o.pods.iter_mut().filter(|p| p.component == Component::Cn) {
         p.pool_phase = None;
         p.ready = false;
@@ -1122,28 +1127,28 @@ fn a_proxy_counts_as_a_route_only_with_a_running_cn_that_serves_the_workload() {
 
 /// `cluster` with `cns` CNs and `proxies` proxies.
 fn wide(cns: usize, proxies: usize) -> Observation {
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     for i in 2..cns {
         let name = format!("cn-{i}");
-        let mut p = pod(&name, Component::Cn, "v1", &format!("u-cn-{i}"));
+        let mut p = pod(&name, Component::Cn, "v1.2.3", &format!("u-cn-{i}"));
         p.node = format!("node-{name}");
         o.node_images
-            .insert(p.node.clone(), vec!["v1".into(), "v2".into()]);
+            .insert(p.node.clone(), vec!["v1.2.3".into(), "v1.2.4".into()]);
         o.pods.push(p);
         o.hakeeper.as_mut().unwrap().cns.push(CnStoreView {
             uuid: format!("uuid-{name}"),
             start_epoch: 10 + i as u64,
             work_state: WorkState::Working,
             heartbeat_age: Millis(500),
-            version: "v1".into(),
+            version: "v1.2.3".into(),
         });
         o.cn_activity.insert(name, Ok(CnActivity::default()));
     }
     for i in 2..proxies {
         let name = format!("proxy-{i}");
-        let p = pod(&name, Component::Proxy, "v1", &format!("u-px-{i}"));
+        let p = pod(&name, Component::Proxy, "v1.2.3", &format!("u-px-{i}"));
         o.node_images
-            .insert(p.node.clone(), vec!["v1".into(), "v2".into()]);
+            .insert(p.node.clone(), vec!["v1.2.3".into(), "v1.2.4".into()]);
         o.pods.push(p);
         o.proxy_routes.insert(name.clone(), Ok(cns as u32));
         o.proxy_connections.insert(name, Ok(3));
@@ -1325,7 +1330,7 @@ fn a_proxy_prepared_during_the_window_goes_back_when_the_restarted_one_fails_its
     let now = o.now;
     let new = proxy_mut(&mut o, "proxy-0");
     new.uid = "u-px-0b".into();
-    new.version = "v2".into();
+    new.version = "v1.2.4".into();
     new.serving = true;
     new.started_at = Some(now);
     o.proxy_connections.insert("proxy-0".into(), Ok(3));
@@ -1367,7 +1372,7 @@ fn a_creation_slower_than_the_stall_timeout_alarms_and_finishes_once_its_pods_ar
     let config = SafeConfig::default();
     let mut p = SafePolicy::new(config.clone());
     // A new cluster: every pod created on the target version, LOG pods not Ready yet.
-    let mut o = cluster("v2");
+    let mut o = cluster("v1.2.4");
     upgrade(&mut o, LOG_FIRST);
     for x in o.pods.iter_mut().filter(|x| x.component == Component::Log) {
         x.ready = false;
@@ -1430,7 +1435,7 @@ fn a_creation_slower_than_the_stall_timeout_alarms_and_finishes_once_its_pods_ar
 fn a_creation_halted_by_an_older_operator_resumes_alarmed() {
     let config = SafeConfig::default();
     let mut p = SafePolicy::new(config.clone());
-    let mut o = cluster("v2");
+    let mut o = cluster("v1.2.4");
     upgrade(&mut o, LOG_FIRST);
     o.pods[0].ready = false;
     decide(&mut p, &o);
@@ -1467,10 +1472,10 @@ fn a_creation_halted_by_an_older_operator_resumes_alarmed() {
 
 #[test]
 fn an_upgrade_stall_still_halts() {
-    // The creation rule is about creations only: an upgrade from v1 still halts at the stall.
+    // The creation rule is about creations only: an upgrade from v1.2.3 still halts at the stall.
     let config = SafeConfig::default();
     let mut p = SafePolicy::new(config.clone());
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     upgrade(&mut o, LOG_FIRST);
     o.hakeeper.as_mut().unwrap().log_shards[1] = shard(1, "log-0", &[true, false, false]);
     o.tn_wal_tolerance = Some(config.tn_wal_tolerance);
@@ -1490,7 +1495,7 @@ fn an_upgrade_stall_still_halts() {
 /// a CN waits for nothing it cannot have.
 #[test]
 fn a_terminal_pod_is_replaced_and_every_door_lets_it_go() {
-    let mut obs = cluster("v1");
+    let mut obs = cluster("v1.2.3");
     for name in ["tn-0", "cn-1"] {
         let p = obs.pods.iter_mut().find(|p| p.name == name).expect("pod");
         p.phase = PodPhase::Failed;
@@ -1560,8 +1565,8 @@ use mo_core::rollout::{Rollout, Step};
 
 const CN_FIRST: &str = r#"{"cn":[],"log":["cn"],"tn":["log"],"proxy":["tn"]}"#;
 
-/// Three CNs in a CN-first upgrade to v2: cn-0 restarted onto v2 (in its stability window),
-/// cn-1 prepared for v2 in a second lane (its drain at `stage`, its hand-over requested or
+/// Three CNs in a CN-first upgrade to v1.2.3.2.4: cn-0 restarted onto v1.2.3.2.4 (in its stability window),
+/// cn-1 prepared for v1.2.3.2.4 in a second lane (its drain at `stage`, its hand-over requested or
 /// not). The rollout as `status` has it.
 fn prepared(
     status: RolloutStatus,
@@ -1571,17 +1576,17 @@ fn prepared(
     let mut o = wide(3, 2);
     upgrade(&mut o, CN_FIRST);
     let cn0 = o.pods.iter_mut().find(|p| p.name == "cn-0").expect("cn-0");
-    cn0.version = "v2".into();
+    cn0.version = "v1.2.4".into();
     cn0.uid = "u-cn-0b".into();
     let d = o.hakeeper.as_mut().unwrap();
-    d.cns[0].version = "v2".into();
+    d.cns[0].version = "v1.2.4".into();
     d.cns[1].work_state = WorkState::Draining;
     let spec = o.desired.upgrade.clone().expect("upgrade");
     let mut rollout = Rollout::start(&spec, &o, None);
     rollout.creation = Some(false);
     rollout.previous = Component::ALL
         .iter()
-        .map(|c| (*c, "v1".to_string()))
+        .map(|c| (*c, "v1.2.3".to_string()))
         .collect();
     rollout.phase_started = true;
     rollout.status = status;
@@ -1602,12 +1607,12 @@ fn prepared(
         "u-cn-1",
         "uuid-cn-1",
         DrainPurpose::Restart {
-            version: "v2".into(),
+            version: "v1.2.4".into(),
         },
         o.now,
     );
     drain.stage = stage;
-    drain.rollout = Some("v2".into());
+    drain.rollout = Some("v1.2.4".into());
     drain.start_epoch = Some(11);
     drain.instance = Some(mo_core::drain::Instance::of(o.pod("cn-1").expect("cn-1")));
     if handed_over {
@@ -1722,7 +1727,7 @@ fn a_cn_handed_over_before_a_halt_is_not_restarted_while_halted() {
 fn a_version_set_back_takes_a_prepared_cn_back_and_restarts_a_handed_over_one_in_place() {
     // Not yet handed over: back to work, nothing restarted.
     let (mut p, mut o) = prepared(RolloutStatus::Running, DrainStage::HandOver, false);
-    o.desired.upgrade.as_mut().expect("upgrade").target_version = "v1".into();
+    o.desired.upgrade.as_mut().expect("upgrade").target_version = "v1.2.3".into();
     let d = decide(&mut p, &o);
     assert!(
         !sends(&d, |a| matches!(a, Action::SetRestartService { .. })),
@@ -1731,7 +1736,7 @@ fn a_version_set_back_takes_a_prepared_cn_back_and_restarts_a_handed_over_one_in
     );
     assert!(!sends(
         &d,
-        |a| matches!(a, Action::RestartPod { version, .. } if version == "v2")
+        |a| matches!(a, Action::RestartPod { version, .. } if version == "v1.2.4")
     ));
     assert!(
         d.actions.contains(&Action::SetCnWorkState {
@@ -1741,10 +1746,10 @@ fn a_version_set_back_takes_a_prepared_cn_back_and_restarts_a_handed_over_one_in
         "the prepared CN goes back to work: {:?}",
         d.actions
     );
-    // Handed over: it cannot serve again; it goes back onto the version it runs (v1, where the
-    // cluster now goes), never onto the abandoned v2.
+    // Handed over: it cannot serve again; it goes back onto the version it runs (v1.2.3, where the
+    // cluster now goes), never onto the abandoned v1.2.3.2.4.
     let (mut p, mut o) = prepared(RolloutStatus::Running, DrainStage::Confirmed, true);
-    o.desired.upgrade.as_mut().expect("upgrade").target_version = "v1".into();
+    o.desired.upgrade.as_mut().expect("upgrade").target_version = "v1.2.3".into();
     o.lock_allocator = Ok(AllocatorView {
         restarting: BTreeMap::from([(
             "uuid-cn-1".to_string(),
@@ -1765,7 +1770,7 @@ fn a_version_set_back_takes_a_prepared_cn_back_and_restarts_a_handed_over_one_in
         o.now += Millis::from_secs(5);
     }
     assert!(
-        restarted.iter().all(|(_, v)| v == "v1"),
+        restarted.iter().all(|(_, v)| v == "v1.2.3"),
         "nothing onto the abandoned version: {restarted:?}"
     );
 }
@@ -1819,7 +1824,7 @@ fn a_rollback_keeps_a_handed_over_cn_in_its_lane_and_sends_it_back_not_forward()
         "no other CN is drained while cn-1 is down: {drained:?}"
     );
     assert!(
-        !restarted.iter().any(|(_, v)| v == "v2"),
+        !restarted.iter().any(|(_, v)| v == "v1.2.4"),
         "nothing goes forward while rolling back: {restarted:?}"
     );
     // cn-1 keeps its lane (the phase's one pod down): cn-0 goes back only after it.
@@ -1832,49 +1837,207 @@ fn a_rollback_keeps_a_handed_over_cn_in_its_lane_and_sends_it_back_not_forward()
     );
 }
 
+/// The same state on two catalogs: v3.0.15 (catalog 3.0.3) for v1.2.3, v4.0.0-rc2 (catalog
+/// 4.0.0) for v1.2.4 (both v1.2 releases bring catalog 1.2.3).
+fn across_catalogs(
+    p: &SafePolicy,
+    o: &Observation,
+    config: SafeConfig,
+) -> (SafePolicy, Observation) {
+    let swap = |text: String| {
+        text.replace("\"v1.2.3\"", "\"v3.0.15\"")
+            .replace("\"v1.2.4\"", "\"v4.0.0-rc2\"")
+    };
+    let record = swap(p.progress_record().expect("record"));
+    let o = serde_json::from_str(&swap(serde_json::to_string(o).expect("json"))).expect("obs");
+    (SafePolicy::resume(config, &record), o)
+}
+
+#[test]
+fn a_version_set_back_past_a_newer_catalog_is_refused_and_nothing_restarts() {
+    // cn-0 runs v4.0.0-rc2: its start may have moved the catalog to 4.0.0, where no CN of
+    // v3.0.15 (catalog 3.0.3) starts again.
+    let (p, o) = prepared(RolloutStatus::Running, DrainStage::Confirmed, true);
+    let (mut p, mut o) = across_catalogs(&p, &o, SafeConfig::default());
+    o.desired.upgrade.as_mut().expect("upgrade").target_version = "v3.0.15".into();
+    let mut notes = Vec::new();
+    for _ in 0..5 {
+        let d = decide(&mut p, &o);
+        assert!(
+            restarts(&d).is_empty(),
+            "nothing goes back: {:?}",
+            d.actions
+        );
+        notes.extend(d.notes);
+        o.now += Millis::from_secs(5);
+    }
+    let rollout = p.record().rollout.as_ref().expect("rollout");
+    let RolloutStatus::Halted { reason } = &rollout.status else {
+        panic!("refused: {:?}", rollout.status);
+    };
+    for named in [
+        "v3.0.15 refused",
+        "catalog 3.0.3",
+        "v4.0.0-rc2",
+        "catalog 4.0.0",
+    ] {
+        assert!(reason.contains(named), "{named}: {reason}");
+    }
+    assert!(
+        notes
+            .iter()
+            .any(|n| matches!(n, PolicyNote::Holding { reason: r, .. } if r.contains("refused"))),
+        "said why: {notes:?}"
+    );
+    // Forward again: the rollout resumes where the cluster is.
+    o.desired.upgrade.as_mut().expect("upgrade").target_version = "v4.0.0-rc2".into();
+    decide(&mut p, &o);
+    let rollout = p.record().rollout.as_ref().expect("rollout");
+    assert_eq!(rollout.status, RolloutStatus::Running);
+    assert_eq!(
+        rollout.previous.get(&Component::Cn).map(String::as_str),
+        Some("v3.0.15")
+    );
+}
+
+#[test]
+fn a_stalled_cn_phase_past_a_newer_catalog_halts_instead_of_rolling_back() {
+    let config = SafeConfig {
+        on_stall: OnStall::Rollback,
+        ..SafeConfig::default()
+    };
+    let (p, mut o) = prepared(RolloutStatus::Running, DrainStage::Confirmed, true);
+    // cn-0 crashed in its window: its gate fails past the stall timeout.
+    o.pods
+        .iter_mut()
+        .find(|p| p.name == "cn-0")
+        .expect("cn-0")
+        .restarts = 1;
+    o.now += SafeConfig::default().stall_timeout;
+    // On one catalog (v1.2.3 -> v1.2.4) the phase rolls back; across two it halts, saying why.
+    let record = p.progress_record().expect("record");
+    let mut same = SafePolicy::resume(config.clone(), &record);
+    decide(&mut same, &o);
+    assert!(
+        same.record()
+            .rollout
+            .as_ref()
+            .is_some_and(|r| r.rolling_back)
+    );
+    let (mut p, mut o) = across_catalogs(&p, &o, config);
+    for _ in 0..5 {
+        let d = decide(&mut p, &o);
+        assert!(
+            restarts(&d).is_empty(),
+            "nothing goes back: {:?}",
+            d.actions
+        );
+        o.now += Millis::from_secs(5);
+    }
+    let rollout = p.record().rollout.as_ref().expect("rollout");
+    assert!(!rollout.rolling_back);
+    let RolloutStatus::Halted { reason } = &rollout.status else {
+        panic!("halted: {:?}", rollout.status);
+    };
+    assert!(
+        reason.contains("stalled in the cn phase")
+            && reason.contains("no rollback")
+            && reason.contains("catalog 4.0.0"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_downgrade_to_an_older_catalog_is_refused_before_anything_moves() {
+    let mut o = wide(3, 2);
+    for pod in o.pods.iter_mut() {
+        pod.version = "v3.0.15".into();
+    }
+    for cn in o.hakeeper.as_mut().expect("hakeeper").cns.iter_mut() {
+        cn.version = "v3.0.15".into();
+    }
+    upgrade(&mut o, CN_FIRST);
+    // v1.2.4 brings catalog 1.2.3; v3.0.15's CNs run catalog 3.0.3.
+    let mut p = SafePolicy::new(SafeConfig::default());
+    for _ in 0..5 {
+        let d = decide(&mut p, &o);
+        assert!(restarts(&d).is_empty(), "{:?}", d.actions);
+        assert!(
+            !sends(&d, |a| matches!(
+                a,
+                Action::SetCnWorkState {
+                    state: WorkState::Draining,
+                    ..
+                }
+            )),
+            "{:?}",
+            d.actions
+        );
+        o.now += Millis::from_secs(5);
+    }
+    let status = &p.record().rollout.as_ref().expect("rollout").status;
+    assert!(
+        matches!(status, RolloutStatus::Halted { reason } if reason.contains("v1.2.4 refused") && reason.contains("catalog 1.2.3")),
+        "{status:?}"
+    );
+    // Forward from v1.2.3 to v1.2.4, or on to v3.0.15: no refusal.
+    for (from, to) in [("v1.2.3", "v1.2.4"), ("v1.2.4", "v3.0.15")] {
+        let mut o = wide(3, 2);
+        for pod in o.pods.iter_mut() {
+            pod.version = from.into();
+        }
+        upgrade(&mut o, CN_FIRST);
+        o.desired.upgrade.as_mut().expect("upgrade").target_version = to.into();
+        let mut p = SafePolicy::new(SafeConfig::default());
+        decide(&mut p, &o);
+        let status = &p.record().rollout.as_ref().expect("rollout").status;
+        assert_eq!(status, &RolloutStatus::Running, "{from} -> {to}");
+    }
+}
+
 #[test]
 fn a_target_set_back_is_no_creation_and_keeps_what_ran_before() {
     let (mut p, mut o) = prepared(RolloutStatus::Running, DrainStage::MarkDraining, false);
-    // The pods that run v2 list first.
-    o.pods.sort_by_key(|p| p.version != "v2");
-    o.desired.upgrade.as_mut().expect("upgrade").target_version = "v1".into();
+    // The pods that run v1.2.3.2.4 list first.
+    o.pods.sort_by_key(|p| p.version != "v1.2.4");
+    o.desired.upgrade.as_mut().expect("upgrade").target_version = "v1.2.3".into();
     decide(&mut p, &o);
     let rollout = p.record().rollout.as_ref().expect("rollout");
-    assert_eq!(rollout.target, "v1");
+    assert_eq!(rollout.target, "v1.2.3");
     assert!(!rollout.is_creation(), "the cluster was running");
     assert_eq!(
         rollout.previous.get(&Component::Cn).map(String::as_str),
-        Some("v1")
+        Some("v1.2.3")
     );
     // From the pods alone, the version most of them run, not the first listed.
     let spec = o.desired.upgrade.clone().expect("upgrade");
     let fresh = Rollout::start(&spec, &o, None);
     assert_eq!(
         fresh.previous.get(&Component::Cn).map(String::as_str),
-        Some("v1")
+        Some("v1.2.3")
     );
     assert!(!fresh.is_creation());
-    // Kept from the rollout it replaces, not read again: with most CNs on v2 already, or with
-    // every pod back on v1 (nothing moved), the set-back is still no creation and restores v1.
+    // Kept from the rollout it replaces, not read again: with most CNs on v1.2.3.2.4 already, or with
+    // every pod back on v1.2.3 (nothing moved), the set-back is still no creation and restores v1.2.3.
     for moved in [vec!["cn-0", "cn-1"], vec![]] {
         let (mut p, mut o) = prepared(RolloutStatus::Running, DrainStage::MarkDraining, false);
         for pod in o.pods.iter_mut() {
             if pod.component == Component::Cn {
                 pod.version = if moved.contains(&pod.name.as_str()) {
-                    "v2"
+                    "v1.2.4"
                 } else {
-                    "v1"
+                    "v1.2.3"
                 }
                 .into();
             }
         }
-        o.desired.upgrade.as_mut().expect("upgrade").target_version = "v1".into();
+        o.desired.upgrade.as_mut().expect("upgrade").target_version = "v1.2.3".into();
         decide(&mut p, &o);
         let rollout = p.record().rollout.as_ref().expect("rollout");
         assert!(!rollout.is_creation(), "{moved:?}");
         assert_eq!(
             rollout.previous.get(&Component::Cn).map(String::as_str),
-            Some("v1"),
+            Some("v1.2.3"),
             "{moved:?}"
         );
     }
@@ -1885,14 +2048,14 @@ fn with_two_cns_none_is_prepared_while_the_other_is_unproven() {
     for (cns, prepared_expected) in [(2, false), (3, true)] {
         let mut o = wide(cns, 2);
         upgrade(&mut o, CN_FIRST);
-        // cn-0 restarted onto v2 and holds healthy for its window.
+        // cn-0 restarted onto v1.2.3.2.4 and holds healthy for its window.
         let spec = o.desired.upgrade.clone().expect("upgrade");
         let mut rollout = Rollout::start(&spec, &o, None);
         rollout.creation = Some(false);
         rollout.phase_started = true;
         let cn0 = o.pods.iter_mut().find(|p| p.name == "cn-0").expect("cn-0");
-        cn0.version = "v2".into();
-        o.hakeeper.as_mut().unwrap().cns[0].version = "v2".into();
+        cn0.version = "v1.2.4".into();
+        o.hakeeper.as_mut().unwrap().cns[0].version = "v1.2.4".into();
         rollout.step = Step::Verify {
             pod: "cn-0".into(),
             old_epoch: Some(10),
@@ -1919,7 +2082,7 @@ fn with_two_cns_none_is_prepared_while_the_other_is_unproven() {
 
 #[test]
 fn a_cn_registered_draining_is_put_into_service_unless_its_process_was_marked() {
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     o.hakeeper.as_mut().unwrap().cns[1].work_state = WorkState::Draining;
     let mut p = SafePolicy::new(SafeConfig::default());
     let d = decide(&mut p, &o);
@@ -1991,7 +2154,7 @@ fn the_cn_gate_takes_the_version_the_process_reports() {
     set(&mut o, 0, "unknown (the CN reports no version)");
     let e = gates::cn_healthy(&o, "cn-0", "v3.0.15").unwrap_err();
     assert!(e.contains("unknown"), "{e}");
-    // What v1.2 numbering made of a v2.0+ CN's record: its shard-service address (empty by
+    // What v1.2.3.2 numbering made of a v1.2.3.2.4.0+ CN's record: its shard-service address (empty by
     // default) in the version's place.
     set(&mut o, 0, "");
     assert!(gates::cn_healthy(&o, "cn-0", "v3.0.15").is_err());
@@ -2035,7 +2198,7 @@ fn a_cn_on_its_way_out_is_no_share_of_the_width() {
 /// though it asked for a hand-over, it keeps nothing out of service.
 #[test]
 fn a_cn_whose_drain_was_cancelled_is_put_into_service() {
-    let mut o = cluster("v1");
+    let mut o = cluster("v1.2.3");
     o.hakeeper.as_mut().unwrap().cns[1].work_state = WorkState::Draining;
     let mut drain = Drain::new(
         "cn-1",

@@ -99,7 +99,7 @@ async fn a_real_cluster_serves_sql_registers_every_store_and_survives_log_restar
     let t = TestNs::new("real-lifecycle").await;
     let _operator = t.operator_with_deployed_rbac("op-1");
     let started = Instant::now();
-    t.create("mo", real_cluster(&t, "v1.2.4"))
+    t.create("mo", real_cluster(&t, &newer()))
         .await
         .expect("create");
     t.wait_ready("mo", READY_LIMIT).await;
@@ -174,7 +174,7 @@ async fn a_real_cluster_serves_sql_registers_every_store_and_survives_log_restar
         expected(Component::Proxy, &["mo-proxy-0"])
     );
     // The version each CN registers: its binary's commit, as the official images stamp it.
-    let commit = kernel_commit("v1.2.4");
+    let commit = kernel_commit(&newer());
     for cn in &details.cn_stores {
         assert_eq!(cn.commit_id_before_v2, commit, "{}", cn.uuid);
     }
@@ -292,7 +292,7 @@ async fn the_kernel_facts_the_engine_relies_on_hold_on_the_real_kernel() {
     let t = TestNs::new("real-facts").await;
     // No protection: the test marks a CN behind the operator's back.
     let _operator = t.operator("op-plain");
-    t.create("mo", real_cluster(&t, "v1.2.4"))
+    t.create("mo", real_cluster(&t, &newer()))
         .await
         .expect("create");
     t.wait_ready("mo", READY_LIMIT).await;
@@ -379,7 +379,7 @@ async fn the_kernel_facts_the_engine_relies_on_hold_on_the_real_kernel() {
     // the official images have it, never the tag).
     assert_eq!(
         cn_record(&t, "mo-ap-0").await.commit_id_before_v2,
-        kernel_commit("v1.2.4")
+        kernel_commit(&newer())
     );
 
     // 3. `(true, 0)` is the allocator's answer for a service it does not know.
@@ -540,7 +540,7 @@ async fn the_kernel_facts_the_engine_relies_on_hold_on_the_real_kernel() {
 /// Incident 000 on the real kernel: an idle CN (`idle-0`, no client session) owns the lock
 /// tables of the table the other CNs' DML writes.
 fn lock_owner_cluster(t: &TestNs) -> serde_json::Value {
-    let mut spec = real_cluster(t, "v1.2.4");
+    let mut spec = real_cluster(t, &newer());
     spec["cn"]["groups"] = serde_json::json!([
         {"name": "tp", "replicas": 2},
         {"name": "idle", "replicas": 1},
@@ -1029,7 +1029,7 @@ async fn a_lock_owner_scales_in_and_a_withdrawn_eviction_restarts_the_cn_on_the_
     use_data_plane(DataPlane::RealKernel);
     let t = TestNs::new("real-scale-in").await;
     let _operator = t.operator_with_deployed_rbac("op-1");
-    let mut spec = real_cluster(&t, "v1.2.4");
+    let mut spec = real_cluster(&t, &newer());
     spec["cn"]["groups"] = serde_json::json!([
         {"name": "tp", "replicas": 2},
         {"name": "idle", "replicas": 2},
@@ -1217,7 +1217,7 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
     use_data_plane(DataPlane::RealKernel);
     let t = TestNs::new("real-upgrade").await;
     let mut operator = t.operator_with_deployed_rbac("op-1");
-    let mut spec = real_cluster(&t, "v1.2.3");
+    let mut spec = real_cluster(&t, &older());
     spec["cn"]["groups"] = serde_json::json!([{"name": "tp", "replicas": 2}]);
     spec["proxy"]["replicas"] = 1.into();
     t.create("mo", spec).await.expect("create");
@@ -1240,11 +1240,11 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
     };
     seen(&t.pod_list().await, &mut uids);
     assert_ne!(
-        kernel_commit("v1.2.3"),
-        kernel_commit("v1.2.4"),
+        kernel_commit(&older()),
+        kernel_commit(&newer()),
         "two versions the CNs' reports tell apart"
     );
-    assert_cn_versions(&t, "v1.2.3", "before the upgrade").await;
+    assert_cn_versions(&t, &older(), "before the upgrade").await;
     let proxies = [target(&t, "mo-proxy-0").await];
     let tables = vec!["u1".to_string(), "u2".to_string()];
     mo_sqlload::prepare(&proxies[0], "upg", &tables, 100)
@@ -1265,7 +1265,7 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     let started = Instant::now();
-    t.patch_spec("mo", serde_json::json!({"version": "v1.2.4"}))
+    t.patch_spec("mo", serde_json::json!({"version": newer()}))
         .await;
     // The workload's outcomes as each phase begins: what every phase costs, apart.
     let mut phases: Vec<(String, mo_sqlload::Outcomes, Instant)> = Vec::new();
@@ -1280,7 +1280,7 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
             .await
             .status
             .and_then(|s| s.rollout)
-            .filter(|r| r.target == "v1.2.4");
+            .filter(|r| r.target == newer());
         let step = rollout.as_ref().map(|r| r.step.clone()).unwrap_or_default();
         let waiting = rollout.and_then(|r| r.waiting_on).unwrap_or_default();
         if step != last_step {
@@ -1537,7 +1537,7 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
     for p in &pods {
         let image = p.spec.as_ref().and_then(|s| s.containers[0].image.clone());
         assert!(
-            image.is_some_and(|i| i.ends_with(":v1.2.4")),
+            image.is_some_and(|i| i.ends_with(&format!(":{}", newer()))),
             "{}",
             p.name_any()
         );
@@ -1546,7 +1546,7 @@ async fn a_rolling_upgrade_from_v1_2_3_to_v1_2_4_under_dml_on_the_real_kernel() 
     for (pod, seen) in &uids {
         assert_eq!(seen.len(), 2, "{pod} restarted exactly once: {seen:?}");
     }
-    assert_cn_versions(&t, "v1.2.4", "after the upgrade").await;
+    assert_cn_versions(&t, &newer(), "after the upgrade").await;
 }
 
 /// Asserts the version every CN process reports, read from HAKeeper (not from the operator).
@@ -1570,6 +1570,16 @@ async fn assert_cn_versions(t: &TestNs, version: &str, when: &str) {
 
 /// The commit the kernel binary of `version` reports: built as the official images are, a
 /// short git hash and never the tag, so the operator's CN gate runs on what users run.
+/// The versions the suite runs (`MO_KERNEL_VERSIONS`, default v1.2.3 and v1.2.4): clusters
+/// start on the older and upgrade to the newer.
+fn older() -> String {
+    mo_testenv::kernel_versions().expect("the kernel versions")[0].clone()
+}
+
+fn newer() -> String {
+    mo_testenv::kernel_versions().expect("the kernel versions")[1].clone()
+}
+
 fn kernel_commit(version: &str) -> String {
     let (_, bin) = mo_testenv::matrixone_kernels()
         .expect("the kernels")
@@ -1667,7 +1677,7 @@ async fn a_version_set_back_and_a_halt_with_a_prepared_cn_move_nothing_forward_o
     use_data_plane(DataPlane::RealKernel);
     let t = TestNs::new("real-mind").await;
     let _operator = t.operator_with_deployed_rbac("op-1");
-    let mut spec = real_cluster(&t, "v1.2.3");
+    let mut spec = real_cluster(&t, &older());
     spec["cn"]["groups"] = serde_json::json!([{"name": "tp", "replicas": 3}]);
     // CNs first (a patch release's components work together): the CN phases are what this
     // test is about, and LOG and TN restarts would only lengthen it.
@@ -1696,7 +1706,7 @@ async fn a_version_set_back_and_a_halt_with_a_prepared_cn_move_nothing_forward_o
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     let started = Instant::now();
-    t.patch_spec("mo", serde_json::json!({"version": "v1.2.4"}))
+    t.patch_spec("mo", serde_json::json!({"version": newer()}))
         .await;
     let mut mind = Mind::Forward;
     // (rollout target, phase, first seen in Unix ms)
@@ -1747,25 +1757,25 @@ async fn a_version_set_back_and_a_halt_with_a_prepared_cn_move_nothing_forward_o
                 assert!(!step.starts_with("halted"), "the upgrade stopped: {step}");
                 let on_new = pods
                     .iter()
-                    .filter(|p| p.name_any().starts_with("mo-tp-") && image_tag(p) == "v1.2.4")
+                    .filter(|p| p.name_any().starts_with("mo-tp-") && image_tag(p) == newer())
                     .count();
-                if let Some(pod) = prepared_cn(&status, &pods, "v1.2.4").filter(|_| on_new >= 2) {
-                    println!("{pod} prepared for v1.2.4: the version is set back");
+                if let Some(pod) = prepared_cn(&status, &pods, &newer()).filter(|_| on_new >= 2) {
+                    println!("{pod} prepared for {}: the version is set back", newer());
                     prepared_forward = pod;
-                    t.patch_spec("mo", serde_json::json!({"version": "v1.2.3"}))
+                    t.patch_spec("mo", serde_json::json!({"version": older()}))
                         .await;
                     mind = Mind::SetBack;
                 }
             }
             Mind::SetBack => {
-                if target_version == "v1.2.3" {
+                if target_version == older() {
                     switched_ms = unix_ms_now();
                     mind = Mind::Back;
                 }
             }
             Mind::Back => {
                 assert!(!step.starts_with("halted"), "the rollback stopped: {step}");
-                if let Some(pod) = prepared_cn(&status, &pods, "v1.2.3").filter(|_| phase == "cn") {
+                if let Some(pod) = prepared_cn(&status, &pods, &older()).filter(|_| phase == "cn") {
                     // The CN restarted in this phase and still in its window: the one the
                     // prepared CN waits on.
                     let restarted = pods
@@ -1773,12 +1783,15 @@ async fn a_version_set_back_and_a_halt_with_a_prepared_cn_move_nothing_forward_o
                         .find(|p| {
                             p.name_any().starts_with("mo-tp-")
                                 && p.name_any() != pod
-                                && image_tag(p) == "v1.2.3"
+                                && image_tag(p) == older()
                                 && created_ms(p) > switched_ms
                         })
                         .map(|p| p.name_any());
                     if let Some(restarted) = restarted {
-                        println!("{pod} prepared for v1.2.3: {restarted} crashes in its window");
+                        println!(
+                            "{pod} prepared for {}: {restarted} crashes in its window",
+                            older()
+                        );
                         prepared_back = pod;
                         t.patch_spec(
                             "mo",
@@ -1850,7 +1863,7 @@ async fn a_version_set_back_and_a_halt_with_a_prepared_cn_move_nothing_forward_o
     // Nothing moved onto the abandoned version once the operator followed the change: an
     // instance on v1.2.4 created after it replaces one whose deletion came before it.
     for (uid, (pod, tag, created)) in &instances {
-        if tag != "v1.2.4" || *created <= switched_ms {
+        if *tag != newer() || *created <= switched_ms {
             continue;
         }
         let asked_before = deleted
@@ -1858,7 +1871,8 @@ async fn a_version_set_back_and_a_halt_with_a_prepared_cn_move_nothing_forward_o
             .any(|(p, at)| p == pod && *at <= switched_ms);
         assert!(
             asked_before,
-            "{pod} ({uid}) was moved onto the abandoned v1.2.4 after the set-back: {instances:?} {deleted:?}"
+            "{pod} ({uid}) was moved onto the abandoned {} after the set-back: {instances:?} {deleted:?}",
+            newer()
         );
     }
     let prepared_uids: Vec<&String> = instances
@@ -1872,8 +1886,9 @@ async fn a_version_set_back_and_a_halt_with_a_prepared_cn_move_nothing_forward_o
         .map(|(_, tag, _)| tag.as_str())
         .collect();
     assert!(
-        !prepared_tags.contains("v1.2.4"),
-        "{prepared_forward}, prepared for v1.2.4 when the version went back, never ran it: {prepared_uids:?} {prepared_tags:?}"
+        !prepared_tags.contains(newer().as_str()),
+        "{prepared_forward}, prepared for {} when the version went back, never ran it: {prepared_uids:?} {prepared_tags:?}",
+        newer()
     );
 
     // Losses: only the TN's restarts and the crash the test caused (its sessions' open
@@ -1938,7 +1953,7 @@ async fn a_version_set_back_and_a_halt_with_a_prepared_cn_move_nothing_forward_o
     );
     assert_eq!(after_quiet, 0, "the halted cluster serves: {figures}");
     assert!(
-        phases.iter().any(|(v, p, _)| v == "v1.2.3" && p == "cn"),
+        phases.iter().any(|(v, p, _)| *v == older() && p == "cn"),
         "the set-back is a rollout of its own: {phases:?}"
     );
 }

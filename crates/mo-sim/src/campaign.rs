@@ -59,8 +59,21 @@ pub fn replay_command(seed: u64, policy: &str) -> String {
 }
 
 /// Generates the scenario of `seed`: the same seed always gives the same scenario.
+/// The releases a seed runs (the cluster's, the upgrade's target, and a third one a change of
+/// mind may go on to): one line on a single catalog, where a set-back is safe after CNs ran the
+/// target, and two across catalogs (`mo_core::generation::catalog`), where it is not: the
+/// kernel stops a CN of an older catalog at start.
+const RELEASES: [[&str; 3]; 3] = [
+    ["v1.2.3", "v1.2.4", "v3.0.15"],
+    ["v3.0.14", "v3.0.15", "v4.0.0-rc2"],
+    ["v3.0.15", "v4.0.0-rc2", "v4.2.0"],
+];
+
 pub fn generate(seed: u64) -> Scenario {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6d6f_2d6f_7065_7261);
+    // Drawn on a stream of their own: the rest of the seed's scenario stays as it was.
+    let [from, to, third] = RELEASES
+        [ChaCha8Rng::seed_from_u64(seed ^ 0x6b65_726e_656c).random_range(0..RELEASES.len())];
     let log = if rng.random_bool(0.8) { 3 } else { 5 };
     let tenant = rng.random_range(2..=4usize);
     let pool = if rng.random_bool(0.5) {
@@ -115,7 +128,7 @@ pub fn generate(seed: u64) -> Scenario {
     );
     let _ = writeln!(
         y,
-        "topology:\n  version: v1\n  nodes: {nodes}\n  log_replicas: {log}\n  proxy_replicas: {proxies}\n  cn_groups:"
+        "topology:\n  version: {from}\n  nodes: {nodes}\n  log_replicas: {log}\n  proxy_replicas: {proxies}\n  cn_groups:"
     );
     let _ = writeln!(y, "    - {{name: tenant, replicas: {tenant}}}");
     if pool > 0 {
@@ -193,7 +206,7 @@ pub fn generate(seed: u64) -> Scenario {
         upgrade_at = Some(at);
         let _ = writeln!(
             y,
-            "  - {{at: {at}s, upgrade: {{version: v2, strategy: '{{{upgrade_strategy}}}'}}}}"
+            "  - {{at: {at}s, upgrade: {{version: {to}, strategy: '{{{upgrade_strategy}}}'}}}}"
         );
     }
     for _ in 0..rng.random_range(1..=6u32) {
@@ -375,7 +388,7 @@ pub fn generate(seed: u64) -> Scenario {
     if let Some(at) = upgrade_at
         && minds.random_bool(0.3)
     {
-        let version = if minds.random_bool(0.6) { "v1" } else { "v3" };
+        let version = if minds.random_bool(0.6) { from } else { third };
         let _ = writeln!(
             y,
             "  - {{at: {}s, upgrade: {{version: {version}, strategy: '{{{upgrade_strategy}}}'}}}}",
@@ -690,6 +703,28 @@ pub fn check_with(scenario: Scenario, policy: Option<Box<dyn mo_core::Policy>>) 
     let report = sim.run(&mut |_| {});
     let mut violations = report.violations.clone();
     let at = report.sim_seconds;
+    // A final target of an older catalog than the one the CNs moved to is one the kernel
+    // refuses: the run must halt and say so, not finish.
+    let target = sim.upgrade.as_ref().map(|u| u.target_version.clone());
+    let behind = target.as_deref().and_then(mo_core::generation::catalog);
+    let way_back = matches!((behind, sim.catalog_reached), (Some(b), Some(r)) if b < r);
+    if way_back {
+        let (behind, reached) = (
+            behind.unwrap_or_default(),
+            sim.catalog_reached.unwrap_or_default(),
+        );
+        let waiting = report.waiting_on.get("rollout");
+        if !waiting.is_some_and(|w| w.contains("refused") || w.contains("no rollback")) {
+            violations.push(Violation {
+                at,
+                invariant: "liveness: a way back the kernel refuses halts, saying why".into(),
+                detail: format!(
+                    "{} (catalog {behind:?}) after CNs moved the catalog to {reached:?}: {waiting:?}",
+                    target.unwrap_or_default()
+                ),
+            });
+        }
+    }
     let mut stuck = |what: String, waiting: Option<&String>| match waiting {
         None => violations.push(Violation {
             at,
@@ -703,7 +738,7 @@ pub fn check_with(scenario: Scenario, policy: Option<Box<dyn mo_core::Policy>>) 
         }),
         Some(_) => {}
     };
-    if let Some(upgrade) = &report.upgrade {
+    if !way_back && let Some(upgrade) = &report.upgrade {
         if upgrade.finished_at.is_none() {
             stuck("the upgrade".into(), report.waiting_on.get("rollout"));
         } else if let Some(gap) = &upgrade.not_applied {

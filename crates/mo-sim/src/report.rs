@@ -41,6 +41,10 @@ pub struct UnsafeActions {
     /// creation's alarm instead of halting).
     #[serde(default)]
     pub rollout_taken_for_creation: u64,
+    /// A CN restarted onto a release whose catalog is older than the one the cluster's CNs
+    /// moved it to: the kernel stops such a CN at start ("cannot startup a old version").
+    #[serde(default)]
+    pub cn_sent_back_past_its_catalog: u64,
 }
 
 impl UnsafeActions {
@@ -55,6 +59,7 @@ impl UnsafeActions {
             + self.moved_to_abandoned_version
             + self.cns_restarted_beyond_width
             + self.rollout_taken_for_creation
+            + self.cn_sent_back_past_its_catalog
     }
 }
 

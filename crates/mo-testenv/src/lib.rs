@@ -280,42 +280,55 @@ pub fn helm() -> Result<PathBuf, TestEnvError> {
         .map_err(TestEnvError::Build)
 }
 
-/// The MatrixOne versions the real-kernel tests run, oldest first.
+/// The MatrixOne versions the real-kernel tests run by default, oldest first: the two the Go
+/// module proxy serves.
 pub const KERNEL_VERSIONS: [&str; 2] = ["v1.2.3", "v1.2.4"];
 
-/// MatrixOne's own `mo-service` for each of [`KERNEL_VERSIONS`], built from the Go module proxy
+/// The versions the real-kernel tests run, oldest first: `MO_KERNEL_VERSIONS` (two versions
+/// separated by spaces, as `tools/matrixone/build.sh` reads it) or [`KERNEL_VERSIONS`]. The
+/// tests start on the first and upgrade to the second.
+pub fn kernel_versions() -> Result<[String; 2], TestEnvError> {
+    let line = std::env::var("MO_KERNEL_VERSIONS").unwrap_or_else(|_| KERNEL_VERSIONS.join(" "));
+    match line.split_whitespace().collect::<Vec<_>>()[..] {
+        [older, newer] if older != newer => Ok([older.to_string(), newer.to_string()]),
+        _ => Err(TestEnvError::Build(format!(
+            "MO_KERNEL_VERSIONS must name two different versions, oldest first; it is `{line}`"
+        ))),
+    }
+}
+
+/// MatrixOne's own `mo-service` for each of [`kernel_versions`], built from the Go module proxy
 /// by `tools/matrixone/build.sh` with the version stamped in (cached outside the repository),
-/// unless `MO_KERNEL_BINS` names them (paths separated by spaces, in the same order).
+/// unless `MO_KERNEL_BINS` names them (paths separated by spaces, in the same order: any build
+/// of those versions, such as one made locally from the kernel's repository).
 pub fn matrixone_kernels() -> Result<Vec<(String, PathBuf)>, TestEnvError> {
     static BUILT: OnceLock<Result<Vec<PathBuf>, String>> = OnceLock::new();
+    let versions = kernel_versions()?;
     let paths = BUILT
         .get_or_init(|| {
             let line = match std::env::var("MO_KERNEL_BINS") {
                 Ok(bins) => bins,
                 Err(_) => build_script(
                     "tools/matrixone/build.sh",
-                    &[("MO_KERNEL_VERSIONS", &KERNEL_VERSIONS.join(" "))],
+                    &[("MO_KERNEL_VERSIONS", &versions.join(" "))],
                 )
                 .map_err(|e| e.to_string())?
                 .display()
                 .to_string(),
             };
             let paths: Vec<PathBuf> = line.split_whitespace().map(PathBuf::from).collect();
-            if paths.len() != KERNEL_VERSIONS.len() {
+            if paths.len() != versions.len() {
                 return Err(format!(
-                    "expected {} kernel binaries, got `{line}`",
-                    KERNEL_VERSIONS.len()
+                    "expected {} kernel binaries ({}), got `{line}`",
+                    versions.len(),
+                    versions.join(" ")
                 ));
             }
             Ok(paths)
         })
         .clone()
         .map_err(TestEnvError::Build)?;
-    Ok(KERNEL_VERSIONS
-        .iter()
-        .map(|v| v.to_string())
-        .zip(paths)
-        .collect())
+    Ok(versions.into_iter().zip(paths).collect())
 }
 
 /// The `CommitID` a kernel binary was stamped with, as it prints it itself (`mo-service

@@ -10,8 +10,10 @@ impl Simulation {
         self.uid_counter += 1;
         let id = self.pods.len();
         let version = self
-            .template_version
-            .get(name)
+            .cn_template
+            .as_ref()
+            .filter(|_| component == Component::Cn)
+            .or_else(|| self.template_version.get(name))
             .cloned()
             .unwrap_or_else(|| self.scenario.topology.version.clone());
         self.pods.push(Pod {

@@ -712,6 +712,12 @@ impl Simulation {
         {
             return;
         }
+        if !self.catalog_allows(p) {
+            return;
+        }
+        let Some(cn) = self.cns.get(&p) else {
+            return;
+        };
         let epoch = cn.epoch;
         let uuid = cn.uuid.clone();
         let cn = self.cns.get_mut(&p).expect("checked above");
@@ -736,6 +742,34 @@ impl Simulation {
             self.cn_heartbeat(p, &uuid, epoch);
         }
         self.update_route_state();
+    }
+
+    /// The upgrade framework at a CN's start (`pkg/bootstrap/service_upgrade.go`): a release
+    /// of an older catalog than the cluster's exits ("cannot startup a old version"); a newer
+    /// one moves the catalog forward (its upgrade steps are not modelled: they run in the
+    /// background of a running CN).
+    fn catalog_allows(&mut self, p: PodId) -> bool {
+        let catalog = mo_core::generation::catalog(&self.pods[p].version);
+        match (catalog, self.catalog_reached) {
+            (Some(own), Some(reached)) if own < reached => {
+                let name = self.pods[p].name.clone();
+                let version = self.pods[p].version.clone();
+                self.log("cn", || {
+                    format!(
+                        "{name}: fatal: cannot startup a old version {version} to join cluster \
+                         (catalog {reached:?})"
+                    )
+                });
+                self.saw("CN of an older catalog stopped at start");
+                self.crash_process(p, Cause::Involuntary, true);
+                false
+            }
+            (Some(own), reached) => {
+                self.catalog_reached = Some(reached.map_or(own, |r| r.max(own)));
+                true
+            }
+            (None, _) => true,
+        }
     }
 
     pub(crate) fn cn_start_deadline(&mut self, p: PodId, epoch: u64) {

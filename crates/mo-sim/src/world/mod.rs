@@ -571,6 +571,9 @@ pub struct Simulation {
     pub(crate) pods: Vec<Pod>,
     pub(crate) pod_by_name: BTreeMap<String, PodId>,
     pub(crate) template_version: BTreeMap<String, String>,
+    /// The version of the last CN restart the operator asked for: what it creates a missing CN
+    /// pod with (CN pods have no workload of their own; `mo-kube` keeps one CN template).
+    pub(crate) cn_template: Option<String>,
     pub(crate) groups: Vec<CnGroup>,
     pub(crate) removals: Vec<RemovalRequest>,
     pub(crate) removal_counter: u64,
@@ -639,6 +642,9 @@ pub struct Simulation {
     pub(crate) tn_fatal_exit_times: Vec<Millis>,
     /// What caused each TN fatal exit, judged from the kernel's state at the time.
     pub(crate) tn_fatal_exit_causes: Vec<Cause>,
+    /// The newest catalog a CN has run here (`mo_core::generation::catalog` of its release);
+    /// None while every CN ran a release the table cannot place.
+    pub(crate) catalog_reached: Option<(u32, u32, u32)>,
     /// Why each LOG store's process last stopped (by store name).
     pub(crate) log_stop_cause: BTreeMap<String, Cause>,
     pub(crate) no_route: Millis,
@@ -719,6 +725,7 @@ impl Simulation {
             pods: Vec::new(),
             pod_by_name: BTreeMap::new(),
             template_version: BTreeMap::new(),
+            cn_template: None,
             groups,
             removals: Vec::new(),
             removal_counter: 0,
@@ -795,6 +802,7 @@ impl Simulation {
             errors_by_kind: BTreeMap::new(),
             tn_fatal_exit_times: Vec::new(),
             tn_fatal_exit_causes: Vec::new(),
+            catalog_reached: None,
             log_stop_cause: BTreeMap::new(),
             no_route: Millis::ZERO,
             truth_committed: 0,
@@ -931,6 +939,9 @@ impl Simulation {
                     let uuid = cn_uuid(&name);
                     let mut cn = Cn::new(uuid.clone(), epoch, CnPhase::Running);
                     cn.lock_open = true;
+                    // The cluster's catalog is its CNs' release's.
+                    let catalog = mo_core::generation::catalog(&self.pods[id].version);
+                    self.catalog_reached = self.catalog_reached.max(catalog);
                     self.cns.insert(id, cn);
                     self.hakeeper.cns.insert(
                         uuid,

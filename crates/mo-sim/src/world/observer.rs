@@ -414,6 +414,9 @@ impl Simulation {
                     self.check_upgrade_move(p, version);
                 }
                 self.template_version.insert(pod.clone(), version.clone());
+                if self.pods[p].component == Component::Cn {
+                    self.cn_template = Some(version.clone());
+                }
                 self.delete_pod(p, Cause::Voluntary, true, &format!("restart for {version}"));
                 if self.pods[p].component == Component::Tn {
                     self.tn.stop_cause = Cause::TnRestart;
@@ -713,10 +716,21 @@ impl Simulation {
     /// Judges a restart of `p` onto `version` (another than it runs) from what was asked of
     /// the cluster: never after the policy said it halted, never onto a version the cluster is
     /// not going to (only the requested target, or what it ran before its upgrades for a
-    /// rollback), and no more CNs moving at once than the upgrade's width.
+    /// rollback), no more CNs moving at once than the upgrade's width, and no CN onto a release
+    /// of an older catalog than its CNs reached.
     fn check_upgrade_move(&mut self, p: PodId, version: &str) {
         let name = self.pods[p].name.clone();
         let component = self.pods[p].component;
+        let catalog = mo_core::generation::catalog(version);
+        if component == Component::Cn
+            && let (Some(own), Some(reached)) = (catalog, self.catalog_reached)
+            && own < reached
+        {
+            self.count_unsafe(
+                |u| &mut u.cn_sent_back_past_its_catalog,
+                format!("{name} restarted onto {version} (catalog {own:?}) after CNs moved the catalog to {reached:?}"),
+            );
+        }
         if self.tracker.halted {
             self.count_unsafe(
                 |u| &mut u.restarted_while_halted,

@@ -1372,3 +1372,42 @@ fn a_cn_re_registers_with_its_configured_initial_work_state() {
     run_to(&mut s, secs(52));
     assert_eq!(s.hakeeper.cns[&uuid].work_state, WorkState::Draining);
 }
+
+#[test]
+fn a_cn_of_an_older_catalog_stops_at_start_and_a_newer_one_moves_the_catalog() {
+    let yaml = BASE.replace("version: v1", "version: v4.0.0-rc2");
+    let mut s = sim(&yaml);
+    run_to(&mut s, secs(30));
+    assert_eq!(
+        s.catalog_reached,
+        Some((4, 0, 0)),
+        "the CNs' release brings 4.0.0"
+    );
+    let restart = |s: &mut Simulation, name: &str, version: &str| {
+        let p = pod(s, name);
+        let action = mo_core::Action::RestartPod {
+            pod: name.into(),
+            uid: s.pods[p].uid.clone(),
+            version: version.into(),
+        };
+        s.apply_action(&action).expect("restart accepted");
+    };
+    // Back to v3.0.15 (catalog 3.0.3): the kernel stops it at start, again and again.
+    restart(&mut s, "cn-0", "v3.0.15");
+    run_to(&mut s, secs(150));
+    let p = pod(&s, "cn-0");
+    assert_eq!(s.pods[p].version, "v3.0.15");
+    assert_ne!(s.cns[&p].phase, CnPhase::Running);
+    assert!(s.pods[p].restarts >= 1, "it crash-loops");
+    assert_eq!(s.unsafe_actions.cn_sent_back_past_its_catalog, 1);
+    assert!(
+        s.mechanisms
+            .contains_key("CN of an older catalog stopped at start")
+    );
+    // On to v4.2.0 (catalog 4.0.6): it runs and moves the catalog.
+    restart(&mut s, "cn-1", "v4.2.0");
+    run_to(&mut s, secs(200));
+    let p = pod(&s, "cn-1");
+    assert_eq!(s.cns[&p].phase, CnPhase::Running);
+    assert_eq!(s.catalog_reached, Some((4, 0, 6)));
+}
