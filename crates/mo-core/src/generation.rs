@@ -74,6 +74,14 @@ pub struct Facts {
     pub replica_count: bool,
     /// `CanRestartService` waits for lock admissions in flight too.
     pub strict_can_restart: bool,
+    /// How long a statement whose transaction touched a lock table's old bind keeps retrying
+    /// before it fails with 20702 ("lock table bind changed"), when a hand-over moves the table
+    /// under it. From v4.0 such a transaction is fenced (`pkg/lockservice/txn.go`,
+    /// `fenceByBindChanged`) and the lock operator's retry is bounded
+    /// (`pkg/sql/colexec/lockop/lock_op.go`, `defaultMaxWaitTimeOnRetryBackendLock`, 10 s):
+    /// every statement on the table in flight while it moves fails, whatever the operator
+    /// does. None before: the statement retries on the new bind and succeeds.
+    pub hand_over_fences_after: Option<Millis>,
 }
 
 const fn row(generation: Generation, since: (u32, u32, u32)) -> Facts {
@@ -89,6 +97,7 @@ const fn row(generation: Generation, since: (u32, u32, u32)) -> Facts {
         allocator_entry_linger: Millis(10_000),
         replica_count: true,
         strict_can_restart: false,
+        hand_over_fences_after: None,
     }
 }
 
@@ -124,12 +133,14 @@ pub const TABLE: [Facts; 8] = [
     Facts {
         commit_retry: CommitRetry::Within(Millis(30_000)),
         allocator_entry_linger: Millis(20_000),
+        hand_over_fences_after: Some(Millis(10_000)),
         ..row(Generation::V4_0, (4, 0, 0))
     },
     Facts {
         commit_retry: CommitRetry::Within(Millis(30_000)),
         allocator_entry_linger: Millis(20_000),
         strict_can_restart: true,
+        hand_over_fences_after: Some(Millis(10_000)),
         ..row(Generation::V4_2, (4, 2, 0))
     },
 ];

@@ -452,6 +452,39 @@ impl SafePolicy {
         }
     }
 
+    /// A CN restart onto a version whose catalog the CNs have moved past would never start
+    /// (the kernel stops it): a withdrawn removal restarting its CN in place mid-upgrade goes
+    /// to the rollout's target instead, in its drain's record and in its action alike.
+    fn keep_cn_restarts_on_the_catalog(&mut self, actions: &mut [Action]) {
+        let Some(rollout) = self.record.rollout.as_ref() else {
+            return;
+        };
+        if rollout.cn_refusal(&rollout.target).is_some() {
+            return;
+        }
+        for d in self.record.drains.iter_mut().filter(|d| d.is_active()) {
+            let DrainPurpose::Restart { version } = &mut d.purpose else {
+                continue;
+            };
+            if rollout.cn_refusal(version).is_none() {
+                continue;
+            }
+            for action in actions.iter_mut() {
+                if let Action::RestartPod {
+                    pod,
+                    uid,
+                    version: v,
+                } = action
+                    && *pod == d.pod
+                    && *uid == d.pod_uid
+                {
+                    v.clone_from(&rollout.target);
+                }
+            }
+            version.clone_from(&rollout.target);
+        }
+    }
+
     /// A pod whose containers stopped for good (`Failed`: evicted by its kubelet, its node shut
     /// down) holds nothing: its process is gone, so there is nothing to drain or wait for. Its
     /// object is deleted, bound to that instance, so that it is replaced (a StatefulSet
@@ -754,6 +787,7 @@ impl Policy for SafePolicy {
         self.keep_proxies_in_service(obs, &mut actions);
         self.put_cns_into_service(obs, &mut actions);
         self.replace_terminal_pods(obs, &mut actions);
+        self.keep_cn_restarts_on_the_catalog(&mut actions);
         let holds: Vec<(String, String, bool)> = self
             .record
             .drains

@@ -293,37 +293,48 @@ pub fn build(
     );
     let halted_condition = match &halted {
         Some((target, reason, rolled_back)) => {
-            let previous_version = record
-                .rollout
-                .as_ref()
+            let rollout = record.rollout.as_ref();
+            let previous_version = rollout
                 .and_then(|r| r.previous.values().find(|v| **v != r.target).cloned())
                 .unwrap_or_default();
-            condition(
-                prev,
-                generation,
-                HALTED,
-                true,
-                if *rolled_back {
-                    "RolledBack"
+            // The kernel's catalog refuses the target, or the way back to the previous version.
+            let refused = rollout.and_then(|r| r.cn_refusal(&r.target)).is_some();
+            let no_way_back = rollout
+                .and_then(|r| r.previous.get(&Component::Cn).and_then(|v| r.cn_refusal(v)))
+                .is_some();
+            let (code, message) = if refused {
+                (
+                    "VersionRefused",
+                    format!(
+                        "rollout to {target} halted: {reason}. Nothing was deleted or restarted. \
+                         Set spec.version to the version the CNs run, or a newer one, to go on."
+                    ),
+                )
+            } else {
+                let advice = if previous_version.is_empty() || no_way_back {
+                    "set spec.version to another version to start a new rollout".to_string()
                 } else {
-                    "StallTimeout"
-                },
-                format!(
-                    "rollout to {target} {}: {reason}. Nothing was deleted or restarted because of the timeout. Fix the cause, then {}.",
+                    format!(
+                        "set spec.version to {previous_version} to roll back or to a newer version to start a new rollout"
+                    )
+                };
+                (
                     if *rolled_back {
-                        "rolled back and stopped"
+                        "RolledBack"
                     } else {
-                        "halted"
+                        "StallTimeout"
                     },
-                    if previous_version.is_empty() {
-                        "set spec.version to another version to start a new rollout".to_string()
-                    } else {
-                        format!(
-                            "set spec.version to {previous_version} to roll back or to a newer version to start a new rollout"
-                        )
-                    }
-                ),
-            )
+                    format!(
+                        "rollout to {target} {}: {reason}. Nothing was deleted or restarted because of the timeout. Fix the cause, then {advice}.",
+                        if *rolled_back {
+                            "rolled back and stopped"
+                        } else {
+                            "halted"
+                        },
+                    ),
+                )
+            };
+            condition(prev, generation, HALTED, true, code, message)
         }
         None => condition(prev, generation, HALTED, false, "NotHalted", String::new()),
     };

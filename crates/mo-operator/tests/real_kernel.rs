@@ -176,7 +176,7 @@ async fn a_real_cluster_serves_sql_registers_every_store_and_survives_log_restar
     // The version each CN registers: its binary's commit, as the official images stamp it.
     let commit = kernel_commit(&newer());
     for cn in &details.cn_stores {
-        assert_eq!(cn.commit_id_before_v2, commit, "{}", cn.uuid);
+        assert_eq!(cn.reported_version(), commit, "{}", cn.uuid);
     }
     let cluster = t.cluster("mo").await;
     let bootstrap = cluster
@@ -378,7 +378,7 @@ async fn the_kernel_facts_the_engine_relies_on_hold_on_the_real_kernel() {
     // 2. The version each CN registers is the commit stamped into its build (a git hash, as
     // the official images have it, never the tag).
     assert_eq!(
-        cn_record(&t, "mo-ap-0").await.commit_id_before_v2,
+        cn_record(&t, "mo-ap-0").await.reported_version(),
         kernel_commit(&newer())
     );
 
@@ -828,7 +828,7 @@ async fn incident_000_on_the_real_kernel_harm_without_protection_none_with_it() 
         "protected: committed {}, failed {:?}, unknown {:?}, longest DML stall {stall} ms",
         protected.committed, protected.failed_by_code, protected.unknown_by_code
     );
-    assert_eq!(protected.failed + protected.unknown, 0, "{protected:?}");
+    assert_hand_over_cost(&protected, stall, "protected");
     assert!(protected.committed > 0);
     assert!(
         protected.consistency.as_ref().is_some_and(|c| c.ok),
@@ -837,7 +837,6 @@ async fn incident_000_on_the_real_kernel_harm_without_protection_none_with_it() 
     );
     // The hand-over takes a couple of seconds (the allocator disables the binds, the DML
     // rebinds); the DML never waits for the owner's shutdown.
-    assert!(stall < 6_000, "DML stalled {stall} ms");
     let _ = t.kubectl(&["uncordon", &node]);
     write_figure(
         "real-incident-000.json",
@@ -1061,7 +1060,7 @@ async fn a_lock_owner_scales_in_and_a_withdrawn_eviction_restarts_the_cn_on_the_
         "scale-in: committed {}, failed {:?}, unknown {:?}, longest stall {stall} ms",
         scaled.committed, scaled.failed_by_code, scaled.unknown_by_code,
     );
-    assert_eq!(scaled.failed + scaled.unknown, 0, "{scaled:?}");
+    assert_hand_over_cost(&scaled, stall, "scale-in");
     assert!(scaled.consistency.as_ref().is_some_and(|c| c.ok));
     assert!(
         scaled.committed > removed.committed,
@@ -1070,7 +1069,6 @@ async fn a_lock_owner_scales_in_and_a_withdrawn_eviction_restarts_the_cn_on_the_
         scaled.committed
     );
     // As in incident 000: the hand-over takes the kernel's keepalives, never the owner's stop.
-    assert!(stall < 6_000, "DML stalled {stall} ms");
     let events = t.kubectl(&["get", "events", "-n", &t.ns, "-o", "json"]);
     assert!(
         String::from_utf8_lossy(&events.stdout).contains(&format!("(uid {old})")),
@@ -1182,7 +1180,7 @@ async fn withdrawn_eviction_under_dml(t: &TestNs) {
          longest stall {stall} ms",
         end.committed, end.failed_by_code, end.unknown_by_code, end.connect_errors_by_code,
     );
-    assert_eq!(end.failed + end.unknown, 0, "{end:?}");
+    assert_hand_over_cost(&end, stall, "withdrawn eviction");
     assert!(
         end.connect_errors_by_code.is_empty(),
         "the tp CNs kept serving: {end:?}"
@@ -1194,7 +1192,6 @@ async fn withdrawn_eviction_under_dml(t: &TestNs) {
         restarted.committed,
         end.committed
     );
-    assert!(stall < 6_000, "DML on t5 stalled {stall} ms");
     let idle = target(t, "mo-idle-0").await;
     mo_sqlload::write_once(&idle, "scale", "t6", 2)
         .await
@@ -1661,6 +1658,116 @@ enum Mind {
     /// The CN restarted in the rollback's window killed and the stall timeout shortened:
     /// waiting for the halt.
     Halting,
+    /// The older version brings an older catalog than the newer one's CNs ran: the set-back
+    /// is refused (the kernel stops such a CN at start); waiting for the halt that says so.
+    Refused,
+}
+
+/// What a protected hand-over of a lock table may cost the DML on it, by the kernel's
+/// generation (`mo_core::generation::Facts::hand_over_fences_after`): nothing up to v3.0 (the
+/// statements retry on the new bind: a stall of a couple of seconds); from v4.0 each statement
+/// on the table in flight while it moves is fenced and fails with 20702 once the lock
+/// operator's retry budget (10 s) runs out: at most one per client, each after that budget,
+/// the longest stall that budget. Nothing else fails, nothing is unknown.
+fn assert_hand_over_cost(o: &mo_sqlload::Outcomes, stall_ms: u64, what: &str) {
+    let fenced = mo_core::generation::Generation::of(&newer())
+        .and_then(|g| g.facts().hand_over_fences_after);
+    assert_eq!(o.unknown, 0, "{what}: {o:?}");
+    let Some(budget) = fenced else {
+        assert_eq!(o.failed, 0, "{what}: {o:?}");
+        assert!(stall_ms < 6_000, "{what}: DML stalled {stall_ms} ms");
+        return;
+    };
+    let clients: usize = o.per_target.values().map(|t| t.clients).sum();
+    assert!(
+        o.failed as usize <= clients,
+        "{what}: more than one per client: {o:?}"
+    );
+    assert!(
+        o.failed_by_code.keys().all(|code| code == "20702"),
+        "{what}: only the fenced statements' 20702: {:?}",
+        o.failed_by_code
+    );
+    for f in &o.recent_failures {
+        assert!(
+            (budget.0..budget.0 + 2_000).contains(&f.elapsed_ms),
+            "{what}: a fenced statement fails when its retry budget ({} ms) runs out: {f:?}",
+            budget.0
+        );
+    }
+    assert!(
+        stall_ms < budget.0 + 2_000,
+        "{what}: DML stalled {stall_ms} ms"
+    );
+}
+
+/// Whether `newer`'s CNs move the catalog past `older`'s (or the table cannot tell).
+fn catalog_moves(older: &str, newer: &str) -> bool {
+    let (o, n) = (
+        mo_core::generation::catalog(older),
+        mo_core::generation::catalog(newer),
+    );
+    o.is_none() || n.is_none() || o < n
+}
+
+/// A set-back past a newer catalog: the rollout halts and says why (both versions and
+/// catalogs, in its condition), the CN prepared for the newer version is taken back, no CN
+/// starts on the older version after the halt and nothing is deleted for 30 s.
+async fn assert_set_back_refused(
+    t: &TestNs,
+    instances: &std::collections::BTreeMap<String, (String, String, u64)>,
+    deletions: &DeletionLog,
+    prepared: &str,
+    halted_ms: u64,
+) {
+    let cluster = t.cluster("mo").await;
+    let halted = cluster
+        .status
+        .as_ref()
+        .and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == mo_kube::status::HALTED)
+        })
+        .map(|c| format!("{}: {}", c.reason, c.message))
+        .unwrap_or_default();
+    println!("refused: {halted}");
+    assert!(halted.starts_with("VersionRefused: "), "{halted}");
+    for named in [
+        format!("version {} refused", older()),
+        newer(),
+        "catalog".to_string(),
+    ] {
+        assert!(halted.contains(&named), "{named}: {halted}");
+    }
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let pods = t.pod_list().await;
+    let back: Vec<_> = pods
+        .iter()
+        .filter(|p| p.name_any().starts_with("mo-tp-") && image_tag(p) == older())
+        .filter(|p| created_ms(p) > halted_ms)
+        .map(|p| p.name_any())
+        .collect();
+    assert!(
+        back.is_empty(),
+        "no CN started on {} after the halt: {back:?}",
+        older()
+    );
+    let after: Vec<_> = deletions
+        .snapshot()
+        .into_values()
+        .filter(|(_, at)| *at > halted_ms)
+        .collect();
+    assert!(after.is_empty(), "nothing deleted while halted: {after:?}");
+    let prepared_ran: Vec<_> = instances
+        .values()
+        .filter(|(p, tag, _)| p == prepared && *tag == newer())
+        .collect();
+    assert!(
+        prepared_ran.is_empty(),
+        "{prepared}, prepared for {} when the version went back, never ran it",
+        newer()
+    );
 }
 
 /// Second thoughts on the real kernel, under DML through the proxy: an upgrade v1.2.3 →
@@ -1670,6 +1777,8 @@ enum Mind {
 /// Nothing moves onto the abandoned version after the operator saw the change, the prepared
 /// CN is taken back (Working, no drain), nothing is deleted while halted, and no transaction
 /// is lost outside the crash the test causes (and a TN restart, had the strategy one).
+/// Given two versions whose catalogs differ (`MO_KERNEL_VERSIONS`), the set-back is refused
+/// instead, and the test checks that refusal.
 #[tokio::test]
 async fn a_version_set_back_and_a_halt_with_a_prepared_cn_move_nothing_forward_on_the_real_kernel()
 {
@@ -1770,7 +1879,16 @@ async fn a_version_set_back_and_a_halt_with_a_prepared_cn_move_nothing_forward_o
             Mind::SetBack => {
                 if target_version == older() {
                     switched_ms = unix_ms_now();
-                    mind = Mind::Back;
+                    mind = if catalog_moves(&older(), &newer()) {
+                        Mind::Refused
+                    } else {
+                        Mind::Back
+                    };
+                }
+            }
+            Mind::Refused => {
+                if step.starts_with("halted") {
+                    break unix_ms_now();
                 }
             }
             Mind::Back => {
@@ -1821,6 +1939,13 @@ async fn a_version_set_back_and_a_halt_with_a_prepared_cn_move_nothing_forward_o
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
+    if mind == Mind::Refused {
+        assert_set_back_refused(&t, &instances, &deletions, &prepared_forward, halted_ms).await;
+        let end = workload.stop().await;
+        println!("refused set-back: {end:?}");
+        assert!(end.committed > 0 && end.consistency.as_ref().is_some_and(|c| c.ok));
+        return;
+    }
     let (crashed, killed_ms) = killed.expect("a CN crashed in the rollback's window");
 
     // Halted: the prepared CN is taken back and every CN serves; nothing is deleted.
