@@ -356,7 +356,7 @@ impl Rollout {
                 obs.pods.iter().all(|p| p.version == spec.target_version),
             ),
         };
-        let mut cn_versions = replaced.map(|r| r.cn_versions.clone()).unwrap_or_default();
+        let mut cn_versions = replaced.map(Rollout::cn_history).unwrap_or_default();
         note_cn_versions(&mut cn_versions, obs);
         Rollout {
             target: spec.target_version.clone(),
@@ -379,6 +379,21 @@ impl Rollout {
             creation: Some(creation),
             cn_versions,
         }
+    }
+
+    /// [`Rollout::cn_versions`], or for a record written before the field existed, what it
+    /// implies in order: the version before the rollout, then its target (taken as run: a
+    /// set-back past it is then judged, never let through on an order read from the pods).
+    fn cn_history(&self) -> Vec<String> {
+        if !self.cn_versions.is_empty() {
+            return self.cn_versions.clone();
+        }
+        let mut history = Vec::new();
+        if let Some(previous) = self.previous.get(&Component::Cn) {
+            note_cn_version(&mut history, previous);
+        }
+        note_cn_version(&mut history, &self.target);
+        history
     }
 
     /// Why no CN may start on `version` here, if none may (see [`Rollout::cn_versions`]).
@@ -614,6 +629,7 @@ impl Rollout {
         actions: &mut Vec<Action>,
         mut report: StepReport,
     ) -> StepReport {
+        self.cn_versions = self.cn_history();
         note_cn_versions(&mut self.cn_versions, obs);
         self.keep_tolerance(obs, component, timing, actions);
         if timing.pre_pull && !self.rolling_back {

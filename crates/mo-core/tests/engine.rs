@@ -1901,6 +1901,38 @@ fn a_version_set_back_past_a_newer_catalog_is_refused_and_nothing_restarts() {
 }
 
 #[test]
+fn a_record_written_before_the_cn_history_still_refuses_the_way_back() {
+    // The same set-back, from a record without `cn_versions`: the history is its previous
+    // version then its target, never an order read from the pods (most of them on the target).
+    let (p, o) = prepared(RolloutStatus::Running, DrainStage::Confirmed, true);
+    let (p, mut o) = across_catalogs(&p, &o, SafeConfig::default());
+    let mut record: serde_json::Value =
+        serde_json::from_str(&p.progress_record().expect("record")).expect("json");
+    record["rollout"]
+        .as_object_mut()
+        .expect("rollout")
+        .remove("cn_versions");
+    let mut p = SafePolicy::resume(SafeConfig::default(), &record.to_string());
+    // Most CNs on the target, one still on the previous version: read from the pods alone,
+    // the previous version would come last, as if it had run after the target.
+    for pod in o
+        .pods
+        .iter_mut()
+        .filter(|p| p.name != "cn-2" && p.component == Component::Cn)
+    {
+        pod.version = "v4.0.0-rc2".into();
+    }
+    o.desired.upgrade.as_mut().expect("upgrade").target_version = "v3.0.15".into();
+    let d = decide(&mut p, &o);
+    assert!(restarts(&d).is_empty(), "{:?}", d.actions);
+    let status = &p.record().rollout.as_ref().expect("rollout").status;
+    assert!(
+        matches!(status, RolloutStatus::Halted { reason } if reason.contains("v3.0.15 refused")),
+        "{status:?}"
+    );
+}
+
+#[test]
 fn a_stalled_cn_phase_past_a_newer_catalog_halts_instead_of_rolling_back() {
     let config = SafeConfig {
         on_stall: OnStall::Rollback,
