@@ -136,6 +136,12 @@ pub enum PolicyNote {
         subject: String,
         reason: String,
     },
+    /// A CN the kernel's catalog left behind (it can never start in place again, and no
+    /// process of it runs) was restarted onto the rollout's target without a drain.
+    MovedPastTheCatalog {
+        pod: String,
+        reason: String,
+    },
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

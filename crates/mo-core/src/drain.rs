@@ -8,6 +8,7 @@
 use crate::action::{Action, ActionError, ActionOutput, ActionResult};
 use crate::component::Component;
 use crate::gates::{Gate, cn_record};
+use crate::generation;
 use crate::observe::{CnActivity, DrainAnswer, Observation, OldestTxn, PodPhase, WorkState};
 use crate::time::Millis;
 use serde::{Deserialize, Serialize};
@@ -264,6 +265,15 @@ impl Drain {
         if self.stage == DrainStage::Released {
             self.finish(DrainEnd::Released, now);
         } else if replaced {
+            self.finish(DrainEnd::InstanceGone, now);
+        }
+    }
+
+    /// The CN's process is gone for good: its release can never start again in place (see
+    /// `rollout::stranded_by_the_catalog`), so nothing is left to drain. Not after the
+    /// release: that restart is already on its way.
+    pub fn end_with_its_process(&mut self, now: Millis) {
+        if self.stage < DrainStage::Released {
             self.finish(DrainEnd::InstanceGone, now);
         }
     }
@@ -781,16 +791,18 @@ impl Drain {
         if self.handshake_sent_at.is_none() {
             // With one UUID the allocator may hold the entry of the CN's previous process beside
             // this one's, and answer from either (v1.2.4 `getServiceBindsWithoutPrefix`): the
-            // request waits until that entry must be gone.
+            // request waits until that entry must be gone. The configured wait is for v1.2's
+            // allocator; one that keeps silent entries longer adds the difference.
+            let expiry = timing.previous_instance_expiry + allocator_linger_beyond_v1_2(obs);
             let running_for = obs
                 .pod(&self.pod)
                 .and_then(|p| p.started_at)
                 .map(|started| now - started);
-            if running_for.is_none_or(|r| r < timing.previous_instance_expiry) {
+            if running_for.is_none_or(|r| r < expiry) {
                 self.hold(format!(
-                    "{}'s container is younger than {}: the lock allocator may still answer for \
-                     its previous process; waiting before the restart handshake",
-                    self.pod, timing.previous_instance_expiry
+                    "{}'s container is younger than {expiry}: the lock allocator may still answer \
+                     for its previous process; waiting before the restart handshake",
+                    self.pod
                 ));
                 return false;
             }
@@ -1075,6 +1087,16 @@ impl Drain {
     }
 }
 
+/// How much longer than v1.2's the cluster's lock allocator keeps a silent CN entry: the
+/// allocator runs in the TN, so its release decides (the most of every TN pod's, in the
+/// middle of a rollout; the most any generation adds when no TN pod is seen).
+fn allocator_linger_beyond_v1_2(obs: &Observation) -> Millis {
+    obs.pods_of(Component::Tn)
+        .map(|p| generation::allocator_linger_beyond_v1_2(&p.version))
+        .max()
+        .unwrap_or_else(|| generation::allocator_linger_beyond_v1_2(""))
+}
+
 /// When every CN has surely learnt of a restart mark the allocator accepted at `acked`: the
 /// marked CN sets its restart time at its next bind keepalive (1 s in the kernel's default
 /// configuration), and the CNs' wall clocks may differ from ours by up to a second more.
@@ -1183,9 +1205,18 @@ mod tests {
             pool_phase: None,
             serving: true,
         };
+        // The TN, whose lock allocator keeps a silent entry as long as v1.2's does.
+        let tn = PodObservation {
+            name: "tn-0".into(),
+            uid: "uid-tn".into(),
+            component: Component::Tn,
+            version: "v1.2.4".into(),
+            cn_uuid: None,
+            ..pod.clone()
+        };
         Observation {
             now: Millis(now),
-            pods: vec![pod],
+            pods: vec![pod, tn],
             hakeeper: Ok(ClusterDetails {
                 cns: vec![CnStoreView {
                     uuid: "u1".into(),
@@ -1292,7 +1323,7 @@ mod tests {
             node: "node-2".into(),
             phase: PodPhase::Running,
             ready: true,
-            version: "v1".into(),
+            version: "v1.2.4".into(),
             terminating: false,
             restarts,
             started_at: Some(Millis(100 + u64::from(restarts))),
@@ -1623,6 +1654,45 @@ mod tests {
                 assert!(!d.confirmed(), "{name}: confirmed");
             }
             assert!(d.hold.is_some(), "{name}: holds without saying why");
+        }
+    }
+
+    #[test]
+    fn the_wait_for_the_previous_entry_follows_the_allocators_generation() {
+        // The allocator runs in the TN: from v4.0 it keeps a silent entry twice as long
+        // (`keepBindGraceFactor`), so the handshake of a restarted CN waits 10 s more; with
+        // no TN seen, as long as the longest-keeping generation. The CN restarted at 5 s.
+        let timing = DrainTiming {
+            previous_instance_expiry: Millis(30_000),
+            ..TIMING
+        };
+        let cases = [
+            (Some("v1.2.4"), 35_000),
+            (Some("v3.0.15"), 35_000),
+            (Some("v4.0.0-rc2"), 45_000),
+            (Some("a1b2c3d"), 45_000),
+            (None, 45_000),
+        ];
+        for (tn, sent_at) in cases {
+            let mut d = remove();
+            let mut o = obs(10_000);
+            match tn {
+                Some(version) => o.pods[1].version = version.into(),
+                None => o.pods.truncate(1),
+            }
+            o.pods[0].restarts = 1;
+            o.pods[0].started_at = Some(Millis(5_000));
+            d.step(&o, &timing, Ok(()), &mut vec![]);
+            draining(&mut o);
+            for t in [sent_at - 1, sent_at] {
+                o.now = Millis(t);
+                let mut a = vec![];
+                d.step(&o, &timing, Ok(()), &mut a);
+                let sent = a
+                    .iter()
+                    .any(|x| matches!(x, Action::SetRestartService { .. }));
+                assert_eq!(sent, t == sent_at, "TN {tn:?} at {t}: {:?}", d.hold);
+            }
         }
     }
 

@@ -177,6 +177,29 @@ impl Generation {
     }
 }
 
+/// The lock allocator's silent-entry linger the drain's "previous process" wait was sized for
+/// (v1.2 to v3.0: an entry silent for `keepBindTimeout`, 10 s).
+const BASE_ALLOCATOR_LINGER: Millis = Millis(10_000);
+
+/// How much longer than v1.2's the lock allocator of release `version` keeps the entry of a
+/// CN process that went silent: v4.0 on, an entry goes only once silent for twice
+/// `keepBindTimeout` (`keepBindGraceFactor`, `pkg/lockservice/lock_table_allocator.go`), 10 s
+/// more. For a version the table cannot place, the most any generation adds: the wait this
+/// lengthens only ever holds longer.
+pub fn allocator_linger_beyond_v1_2(version: &str) -> Millis {
+    let extra = |f: &Facts| {
+        Millis(
+            f.allocator_entry_linger
+                .0
+                .saturating_sub(BASE_ALLOCATOR_LINGER.0),
+        )
+    };
+    match Generation::of(version) {
+        Some(g) => extra(g.facts()),
+        None => TABLE.iter().map(extra).max().unwrap_or_default(),
+    }
+}
+
 /// A release as the kernel's tags name them: `vX.Y.Z` or `vX.Y.Z-rcN`, ordered (a release
 /// candidate before its release).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -236,7 +259,7 @@ pub fn catalog(version: &str) -> Option<(u32, u32, u32)> {
         .map(|(_, _, catalog)| *catalog)
 }
 
-fn named(catalog: Option<(u32, u32, u32)>) -> String {
+pub fn named(catalog: Option<(u32, u32, u32)>) -> String {
     match catalog {
         Some((x, y, z)) => format!("catalog {x}.{y}.{z}"),
         None => "a catalog the operator cannot place".into(),

@@ -325,7 +325,9 @@ pub struct Rollout {
     /// Every version the cluster's CNs have run, in the order each first ran, kept from the
     /// rollout this one replaced (finished or not): the kernel's catalog only moves forward,
     /// so a CN may go back only to a version whose catalog is as new as every later one's
-    /// ([`generation::cn_may_run`]). A version enters before the rollout starts a CN on it.
+    /// ([`generation::cn_may_run`]). A version enters with the first CN restart the operator
+    /// sends onto it ([`Rollout::note_cn_restarts`]), recorded before the restart is acted on:
+    /// the catalog may move as soon as that CN runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cn_versions: Vec<String>,
 }
@@ -339,6 +341,8 @@ pub struct StepReport {
     pub halted: Option<String>,
     /// A creation went past the stall timeout (once per stall).
     pub alarmed: Option<String>,
+    /// CNs moved onto the phase's version without a drain: (pod, why).
+    pub stranded: Vec<(String, String)>,
 }
 
 impl Rollout {
@@ -394,6 +398,18 @@ impl Rollout {
         }
         note_cn_version(&mut history, &self.target);
         history
+    }
+
+    /// Notes the version of every CN restart among `actions` (the decision about to be
+    /// recorded, then acted on) in [`Rollout::cn_versions`].
+    pub fn note_cn_restarts(&mut self, obs: &Observation, actions: &[Action]) {
+        for action in actions {
+            if let Action::RestartPod { pod, version, .. } = action
+                && obs.pod(pod).is_some_and(|p| p.component == Component::Cn)
+            {
+                note_cn_version(&mut self.cn_versions, version);
+            }
+        }
     }
 
     /// Why no CN may start on `version` here, if none may (see [`Rollout::cn_versions`]).
@@ -785,6 +801,27 @@ impl Rollout {
                 }
             }
             Step::DrainCn { pod, uid } => {
+                let stranded = obs
+                    .pod(&pod)
+                    .filter(|p| p.uid == uid)
+                    .and_then(|p| stranded_by_the_catalog(obs, &[p], &version));
+                let active = drains
+                    .iter_mut()
+                    .rev()
+                    .find(|d| d.is_active() && d.pod == pod && d.pod_uid == uid);
+                if let Some(stranded) = stranded
+                    && active
+                        .as_ref()
+                        .is_none_or(|d| d.stage < DrainStage::Released)
+                {
+                    // Its process died while it was being prepared and cannot come back:
+                    // the drain has nothing left to protect.
+                    if let Some(d) = active {
+                        d.end_with_its_process(now);
+                    }
+                    self.move_stranded_cn(obs, stranded, &version, actions, report);
+                    return;
+                }
                 let drain = drains
                     .iter()
                     .rev()
@@ -839,8 +876,10 @@ impl Rollout {
                     if !p.terminating && now - sent_at >= timing.resend_after {
                         // The restart was lost (an operator restart between record and act).
                         // Start the pod over: every pre-restart gate is checked again, and a
-                        // CN goes back through its drain (whose own release re-verifies).
-                        if component != Component::Cn {
+                        // CN goes back through its drain (whose own release re-verifies); a
+                        // CN moved without one (stranded by the catalog) is picked again.
+                        let drained = drains.iter().any(|d| d.pod == pod && d.pod_uid == old_uid);
+                        if component != Component::Cn || !drained {
                             self.step = Step::NextPod;
                         }
                     }
@@ -988,10 +1027,21 @@ impl Rollout {
                     .count()
             })
         };
+        // CN: one already draining for a restart first (a marked CN that waits for a lane of
+        // this phase serves nothing, and may be the reason no other CN can be prepared).
+        let restarting = |pod: &PodObservation| -> bool {
+            component == Component::Cn
+                && drains.iter().any(|d| {
+                    d.is_active()
+                        && d.pod == pod.name
+                        && d.pod_uid == pod.uid
+                        && matches!(d.purpose, DrainPurpose::Restart { .. })
+                })
+        };
         let Some(pod) = pods
             .iter()
             .filter(|p| p.version != version)
-            .min_by_key(|p| leads(p))
+            .min_by_key(|p| (leads(p), !restarting(p)))
             .copied()
         else {
             if !others.claimed.is_empty() {
@@ -1006,10 +1056,18 @@ impl Rollout {
             );
             return;
         };
-        if let Some(unready) = pods.iter().find(|p| !p.ready) {
+        // A CN the catalog left behind is never coming back Ready: it goes first.
+        let stranded = match component {
+            Component::Cn => stranded_by_the_catalog(obs, &pods, version),
+            _ => None,
+        };
+        if stranded.is_none()
+            && let Some(unready) = pods.iter().find(|p| !p.ready)
+        {
             self.wait(format!("{} is not Ready", unready.name));
             return;
         }
+        let pod = stranded.unwrap_or(pod);
         // The replacement starts on the same node, or anywhere schedulable if that node is
         // cordoned: the image must be there already (a pull would stretch the downtime).
         let has_image = |node: &str| {
@@ -1036,6 +1094,10 @@ impl Rollout {
                 self.wait(format!("{previous} phase gate no longer holds: {e}"));
                 return;
             }
+        }
+        if let Some(stranded) = stranded {
+            self.move_stranded_cn(obs, stranded, version, actions, report);
+            return;
         }
         let pre: Gate = match component {
             Component::Log => gates::log_restart_margin(obs, &pod.name),
@@ -1096,9 +1158,6 @@ impl Rollout {
                 }
             }
             Component::Cn => {
-                // Recorded before the drain that starts a CN on it is: the catalog may move
-                // as soon as that CN runs.
-                note_cn_version(&mut self.cn_versions, version);
                 let uuid = pod.cn_uuid.clone().unwrap_or_default();
                 if let Some(other) = drains
                     .iter_mut()
@@ -1164,6 +1223,37 @@ impl Rollout {
             // its connections, which no order of steps avoids on the stock kernel.
             Component::Proxy => self.restart(obs, &pod.name, &pod.uid, None, version, actions),
         }
+    }
+
+    /// A CN the catalog left behind (see [`stranded_by_the_catalog`]) goes straight onto the
+    /// phase's version: it has no process to drain, and the version it would restart on in
+    /// place can never start again. It takes this lane like any restart, so its window is
+    /// watched and the phase's width kept.
+    fn move_stranded_cn(
+        &mut self,
+        obs: &Observation,
+        pod: &PodObservation,
+        version: &str,
+        actions: &mut Vec<Action>,
+        report: &mut StepReport,
+    ) {
+        if !self.phase_started {
+            self.phase_started = true;
+            report.phase_started = Some(Component::Cn);
+        }
+        report.stranded.push((
+            pod.name.clone(),
+            format!(
+                "{} cannot start on {} ({}): a running CN brings {}, and the kernel stops a CN \
+                 of an older catalog at start; no process of it runs, so it goes onto {version} \
+                 without a drain",
+                pod.name,
+                pod.version,
+                generation::named(generation::catalog(&pod.version)),
+                generation::named(catalog_reached(obs)),
+            ),
+        ));
+        self.restart(obs, &pod.name, &pod.uid, None, version, actions);
     }
 
     fn restart(
@@ -1559,6 +1649,42 @@ fn without<'a>(claimed: &'a [String], pod: &'a str) -> Vec<&'a str> {
 
 /// The functional gate of one restarted pod. Its new instance is known by Kubernetes' record
 /// of its container (HAKeeper's UpTime survives a quick restart).
+/// A CN whose in-place restarts can never start again: its release's catalog is older than
+/// that of a CN running now (Ready), so the cluster's catalog moved, or is moving, past it,
+/// and the kernel stops a CN of an older catalog at start ("cannot startup a old version", or
+/// "is in upgrading" while the upgrade runs; `pkg/bootstrap/service_upgrade.go`, every
+/// generation). Only a CN whose process is gone (it crashed, nothing runs now) is taken: it
+/// holds no session and serves no lock table, so nothing is lost by not draining it. Every
+/// catalog involved must be known, and `version`'s must be at least the one reached.
+fn stranded_by_the_catalog<'a>(
+    obs: &Observation,
+    pods: &[&'a PodObservation],
+    version: &str,
+) -> Option<&'a PodObservation> {
+    let target = generation::catalog(version)?;
+    let reached = catalog_reached(obs)?;
+    if target < reached {
+        return None;
+    }
+    pods.iter().copied().find(|p| {
+        p.version != version
+            && !p.ready
+            && !p.terminating
+            && p.started_at.is_none()
+            && p.restarts > 0
+            && generation::catalog(&p.version).is_some_and(|own| own < reached)
+    })
+}
+
+/// The newest catalog a CN running now (Ready) brings: the cluster's catalog is at least
+/// there, or on its way.
+fn catalog_reached(obs: &Observation) -> Option<(u32, u32, u32)> {
+    obs.pods_of(Component::Cn)
+        .filter(|p| p.ready && p.started_at.is_some() && !p.terminating)
+        .filter_map(|p| generation::catalog(&p.version))
+        .max()
+}
+
 pub fn pod_gate(obs: &Observation, component: Component, pod: &str, version: &str) -> Gate {
     match component {
         Component::Log => gates::log_replica_healthy(obs, pod, version),

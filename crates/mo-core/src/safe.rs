@@ -453,35 +453,32 @@ impl SafePolicy {
     }
 
     /// A CN restart onto a version whose catalog the CNs have moved past would never start
-    /// (the kernel stops it): a withdrawn removal restarting its CN in place mid-upgrade goes
-    /// to the rollout's target instead, in its drain's record and in its action alike.
-    fn keep_cn_restarts_on_the_catalog(&mut self, actions: &mut [Action]) {
+    /// (the kernel stops it). A drain headed there (a withdrawn removal restarting its CN in
+    /// place, a prepared CN whose rollout changed its mind) holds its release, saying why,
+    /// until a lane of the rollout's CN phase takes it over and sets its version to the
+    /// phase's (`follow_the_rollout`): a CN on the target before then would run ahead of the
+    /// TN or beyond the phase's width, and one onto an intermediate version the cluster leaves
+    /// would restart twice. Judged before the drains step.
+    fn keep_cn_restarts_on_the_catalog(&mut self) {
         let Some(rollout) = self.record.rollout.as_ref() else {
             return;
         };
-        if rollout.cn_refusal(&rollout.target).is_some() {
-            return;
-        }
-        for d in self.record.drains.iter_mut().filter(|d| d.is_active()) {
+        for d in self
+            .record
+            .drains
+            .iter_mut()
+            .filter(|d| d.is_active() && d.stage < DrainStage::Released)
+        {
             let DrainPurpose::Restart { version } = &mut d.purpose else {
                 continue;
             };
-            if rollout.cn_refusal(version).is_none() {
-                continue;
+            if let Some(refusal) = rollout.cn_refusal(version) {
+                d.release_held = Some(format!(
+                    "{} cannot restart on {version} ({refusal}); it waits for the rollout's CN \
+                     phase to take it to {}",
+                    d.pod, rollout.target
+                ));
             }
-            for action in actions.iter_mut() {
-                if let Action::RestartPod {
-                    pod,
-                    uid,
-                    version: v,
-                } = action
-                    && *pod == d.pod
-                    && *uid == d.pod_uid
-                {
-                    v.clone_from(&rollout.target);
-                }
-            }
-            version.clone_from(&rollout.target);
         }
     }
 
@@ -582,6 +579,9 @@ impl SafePolicy {
         }
         if let Some(component) = report.phase_finished {
             notes.push(PolicyNote::PhaseFinished { component });
+        }
+        for (pod, reason) in report.stranded.drain(..) {
+            notes.push(PolicyNote::MovedPastTheCatalog { pod, reason });
         }
         if report.finished {
             notes.push(PolicyNote::UpgradeFinished);
@@ -689,6 +689,7 @@ impl Policy for SafePolicy {
         self.sync_node_failures(obs);
         let early = self.change_of_mind(obs);
         self.follow_the_rollout(obs);
+        self.keep_cn_restarts_on_the_catalog();
         // One drain per instance: a released drain whose pod came back under a newer drain
         // leaves the new instance to that drain.
         let owned: Vec<(String, String)> = self
@@ -787,7 +788,9 @@ impl Policy for SafePolicy {
         self.keep_proxies_in_service(obs, &mut actions);
         self.put_cns_into_service(obs, &mut actions);
         self.replace_terminal_pods(obs, &mut actions);
-        self.keep_cn_restarts_on_the_catalog(&mut actions);
+        if let Some(rollout) = self.record.rollout.as_mut() {
+            rollout.note_cn_restarts(obs, &actions);
+        }
         let holds: Vec<(String, String, bool)> = self
             .record
             .drains

@@ -1979,6 +1979,114 @@ fn a_stalled_cn_phase_past_a_newer_catalog_halts_instead_of_rolling_back() {
     );
 }
 
+/// Runs the CN phase of `prepared` with cn-2 (still on the old version) crashed, its process
+/// gone (`running` false: Kubernetes shows no running container), for a minute past cn-0's
+/// window; returns cn-2's restarts (each with its version), whether cn-2 was ever asked to
+/// drain, and the policy's notes.
+fn cn_phase_with_cn2_crashed(across: bool, running: bool) -> (Vec<String>, bool, Vec<PolicyNote>) {
+    let (p, mut o) = prepared(RolloutStatus::Running, DrainStage::Confirmed, true);
+    // Only cn-0 moved so far: cn-1 is not prepared (no lane, no drain, Working).
+    let mut record: serde_json::Value =
+        serde_json::from_str(&p.progress_record().expect("record")).expect("json");
+    record["rollout"]["more"] = serde_json::json!([]);
+    record["drains"] = serde_json::json!([]);
+    let p = SafePolicy::resume(SafeConfig::default(), &record.to_string());
+    o.hakeeper.as_mut().expect("hakeeper").cns[1].work_state = WorkState::Working;
+    let (mut p, mut o) = if across {
+        across_catalogs(&p, &o, SafeConfig::default())
+    } else {
+        (p, o)
+    };
+    let cn2 = o.pods.iter_mut().find(|p| p.name == "cn-2").expect("cn-2");
+    cn2.ready = false;
+    cn2.restarts = 3;
+    cn2.started_at = running.then_some(o.now);
+    let (mut moved, mut drained, mut notes) = (Vec::new(), false, Vec::new());
+    for _ in 0..12 {
+        let d = decide(&mut p, &o);
+        for a in &d.actions {
+            match a {
+                Action::RestartPod { pod, version, .. } if pod == "cn-2" => {
+                    moved.push(version.clone())
+                }
+                Action::SetCnWorkState { uuid, .. } if uuid == "uuid-cn-2" => drained = true,
+                _ => {}
+            }
+        }
+        notes.extend(d.notes);
+        o.now += Millis::from_secs(5);
+    }
+    (moved, drained, notes)
+}
+
+#[test]
+fn a_crashed_cn_the_catalog_left_behind_goes_forward_without_a_drain() {
+    // v3.0.15 -> v4.0.0-rc2: cn-0 runs v4.0.0-rc2 (Ready), so no CN of v3.0.15 starts again.
+    // cn-2 crashed and cannot come back in place: it goes onto the target, undrained (it
+    // runs nothing), and the operator says why.
+    let (moved, drained, notes) = cn_phase_with_cn2_crashed(true, false);
+    assert_eq!(
+        moved.first().map(String::as_str),
+        Some("v4.0.0-rc2"),
+        "{moved:?}"
+    );
+    assert!(!drained, "no drain of a CN with no process");
+    assert!(
+        notes.iter().any(|n| matches!(n,
+            PolicyNote::MovedPastTheCatalog { pod, reason }
+                if pod == "cn-2" && reason.contains("catalog") && reason.contains("without a drain"))),
+        "{notes:?}"
+    );
+    // On one catalog its in-place restart may yet come back: the phase waits for it.
+    let (moved, _, _) = cn_phase_with_cn2_crashed(false, false);
+    assert!(moved.is_empty(), "{moved:?}");
+    // Its process running (starting, or serving and not Ready): never moved without a drain.
+    let (moved, _, _) = cn_phase_with_cn2_crashed(true, true);
+    assert!(moved.is_empty(), "{moved:?}");
+}
+
+#[test]
+fn a_handed_over_cn_its_catalog_left_behind_waits_for_the_new_targets_cn_phase() {
+    // v3.0.15 -> v4.0.0-rc2, CN first: cn-0 runs v4.0.0-rc2, cn-1's hand-over was requested
+    // (it refuses new writes). The target moves on to v4.2.0, LOG first: cn-1 cannot go
+    // back to v3.0.15 (the catalog moved to 4.0.0), nor to v4.2.0 ahead of the TN, nor to
+    // v4.0.0-rc2, which the cluster leaves. Its restart waits for the CN phase, saying why.
+    let (p, o) = prepared(RolloutStatus::Running, DrainStage::Confirmed, true);
+    let (mut p, mut o) = across_catalogs(&p, &o, SafeConfig::default());
+    // The allocator confirms cn-1's hand-over: only the version holds its restart.
+    o.lock_allocator = Ok(AllocatorView {
+        restarting: BTreeMap::from([(
+            "uuid-cn-1".to_string(),
+            RestartAnswer {
+                can_restart: true,
+                remaining_txns: 0,
+            },
+        )]),
+        ..AllocatorView::default()
+    });
+    o.desired.upgrade = Some(UpgradeSpec {
+        target_version: "v4.2.0".into(),
+        strategy: Strategy::parse(r#"{"log":[],"tn":["log"],"cn":["tn"],"proxy":["cn"]}"#).unwrap(),
+    });
+    for _ in 0..5 {
+        let d = decide(&mut p, &o);
+        assert!(
+            !restarts(&d).iter().any(|pod| pod == "cn-1"),
+            "cn-1 restarts nowhere yet: {:?}",
+            d.actions
+        );
+        o.now += Millis::from_secs(5);
+    }
+    let holds = p.holds();
+    assert!(
+        holds.iter().any(|(subject, hold)| subject == "cn-1"
+            && hold.contains("v3.0.15")
+            && hold.contains("CN phase")
+            && hold.contains("v4.2.0")),
+        "{holds:?}"
+    );
+}
+
 #[test]
 fn a_downgrade_to_an_older_catalog_is_refused_before_anything_moves() {
     let mut o = wide(3, 2);

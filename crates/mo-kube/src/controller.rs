@@ -1352,6 +1352,9 @@ fn describe_note(note: &PolicyNote) -> (EventType, &'static str, String) {
             "DrainConfirmed",
             format!("{subject}: {reason}"),
         ),
+        PolicyNote::MovedPastTheCatalog { reason, .. } => {
+            (EventType::Warning, "CnMovedPastTheCatalog", reason.clone())
+        }
     }
 }
 

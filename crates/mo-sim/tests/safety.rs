@@ -286,7 +286,7 @@ fn reverted_scale_in(revert_at: &str) -> String {
 name: reverted-scale-in
 duration: 10m
 topology:
-  version: v1
+  version: v1.2.4
   cn_groups:
     - {{name: tenant, replicas: 3}}
 lock_tables: [{{table: documents, owner: tenant-2}}]

@@ -70,10 +70,17 @@ impl Simulation {
     /// the services whose last keepalive is at least that old (`serviceBinds.timeout`), so the
     /// binds move 10–20 s after the owner went silent, by the timer's phase. (The owner's last
     /// keepalive came up to `bind_keepalive` before it closed: the model dates it at the close.)
+    /// From v4.0 a service is taken only once silent for twice `keepBindTimeout`
+    /// (`keepBindGraceFactor`): the binds move 20–30 s after, on an allocator of that release.
     pub(crate) fn bind_invalidation_at(&self, silent_since: Millis) -> Millis {
         let period = self.t.bind_invalidation.millis().0.max(1);
         let start = self.tn.allocator.checks_since.0;
-        let due = silent_since.0 + period;
+        // The silence the allocator's release waits for, in rounds of 10 s (the default
+        // `keepBindTimeout`); a release the table cannot place, v1.2's.
+        let rounds_silent = mo_core::generation::Generation::of(&self.pods[self.tn.pod].version)
+            .map_or(1, |g| g.facts().allocator_entry_linger.0 / 10_000)
+            .max(1);
+        let due = silent_since.0 + rounds_silent * period;
         let rounds = due.saturating_sub(start).div_ceil(period).max(1);
         Millis(start + rounds * period)
     }

@@ -502,7 +502,9 @@ impl Simulation {
                     );
                 }
             }
-            PolicyNote::Holding { .. } | PolicyNote::Released { .. } => {}
+            PolicyNote::Holding { .. }
+            | PolicyNote::Released { .. }
+            | PolicyNote::MovedPastTheCatalog { .. } => {}
         }
         match &note {
             PolicyNote::PhaseStarted { component } => {
@@ -519,6 +521,9 @@ impl Simulation {
             }
             PolicyNote::Released { subject, reason } => {
                 self.trace(subject, "release", || reason.clone())
+            }
+            PolicyNote::MovedPastTheCatalog { pod, reason } => {
+                self.trace(pod, "moved-past-the-catalog", || reason.clone())
             }
         }
         self.log("policy", || format!("{note:?}"));

@@ -188,6 +188,23 @@ fn lockers_of_a_dead_owner_stall_until_the_binds_move_at_the_allocators_first_ch
 }
 
 #[test]
+fn from_v4_0_the_allocator_waits_for_twice_the_silence() {
+    // `keepBindGraceFactor` (v4.0.0-rc1 on): a service is taken once silent for 2 x 10 s,
+    // at the allocator's next round; the allocator is the TN's, so the TN's release decides.
+    let mut s = sim(BASE);
+    s.tn.allocator.checks_since = secs(5);
+    let tn = s.tn.pod;
+    for (version, at) in [
+        ("v3.0.15", secs(25)),
+        ("v4.0.0-rc2", secs(35)),
+        ("v4.2.0", secs(35)),
+    ] {
+        s.pods[tn].version = version.into();
+        assert_eq!(s.bind_invalidation_at(secs(10)), at, "{version}");
+    }
+}
+
+#[test]
 fn the_invalidation_check_runs_on_the_allocators_own_timer() {
     // `checkInvalidBinds`: a timer of keepBindTimeout (10 s) from the allocator's start, so
     // an owner silent since t is taken at the first round at or after t + 10 s.
@@ -1371,6 +1388,57 @@ fn a_cn_re_registers_with_its_configured_initial_work_state() {
     assert!(!s.hakeeper.cns.contains_key(&uuid), "expired");
     run_to(&mut s, secs(52));
     assert_eq!(s.hakeeper.cns[&uuid].work_state, WorkState::Draining);
+}
+
+#[test]
+fn a_cn_the_catalog_left_behind_goes_forward_and_the_upgrade_completes() {
+    // v3.0.15 -> v4.0.0-rc2 under the safe policy. Once a CN runs v4.0.0-rc2 (the catalog
+    // moved to 4.0.0), an old CN that crashes can never start in place again: the operator
+    // moves it onto the target, undrained (nothing of it runs), and the upgrade completes.
+    let yaml = "
+name: left-behind
+duration: 40m
+policy: safe
+topology:
+  version: v3.0.15
+  cn_groups: [{name: cn, replicas: 3}]
+workload: {clients: 4, txn_rate: 10, tables: [a, b]}
+events:
+  - at: 20s
+    upgrade: {version: v4.0.0-rc2}
+";
+    let mut s = sim(yaml);
+    let mut t = secs(20);
+    while s.catalog_reached != Some((4, 0, 0)) {
+        t += secs(1);
+        run_to(&mut s, t);
+        assert!(t < secs(1800), "no CN ran the target");
+    }
+    let old = s
+        .live_pods()
+        .filter(|&p| s.pods[p].component == Component::Cn && s.pods[p].version == "v3.0.15")
+        .find(|&p| s.pods[p].ready)
+        .expect("a CN still on v3.0.15, serving");
+    let name = s.pods[old].name.clone();
+    s.crash_process(old, Cause::Involuntary, true);
+    run_to(&mut s, secs(2400));
+    assert!(
+        s.mechanisms
+            .contains_key("CN of an older catalog stopped at start"),
+        "{name} crash-looped on v3.0.15 first"
+    );
+    assert!(s.tracker.finished_at.is_some(), "the upgrade completes");
+    assert!(
+        s.live_pods()
+            .all(|p| s.pods[p].component != Component::Cn || s.pods[p].version == "v4.0.0-rc2")
+    );
+    assert_eq!(s.unsafe_actions.total(), 0, "{:?}", s.unsafe_log);
+    assert!(
+        s.event_log()
+            .iter()
+            .any(|l| l.contains("MovedPastTheCatalog") && l.contains(&name)),
+        "the operator said why"
+    );
 }
 
 #[test]
