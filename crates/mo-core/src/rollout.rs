@@ -1647,8 +1647,6 @@ fn without<'a>(claimed: &'a [String], pod: &'a str) -> Vec<&'a str> {
         .collect()
 }
 
-/// The functional gate of one restarted pod. Its new instance is known by Kubernetes' record
-/// of its container (HAKeeper's UpTime survives a quick restart).
 /// A CN whose in-place restarts can never start again: its release's catalog is older than
 /// that of a CN running now (Ready), so the cluster's catalog moved, or is moving, past it,
 /// and the kernel stops a CN of an older catalog at start ("cannot startup a old version", or
@@ -1685,6 +1683,8 @@ fn catalog_reached(obs: &Observation) -> Option<(u32, u32, u32)> {
         .max()
 }
 
+/// The functional gate of one restarted pod. Its new instance is known by Kubernetes' record
+/// of its container (HAKeeper's UpTime survives a quick restart).
 pub fn pod_gate(obs: &Observation, component: Component, pod: &str, version: &str) -> Gate {
     match component {
         Component::Log => gates::log_replica_healthy(obs, pod, version),
