@@ -1642,6 +1642,20 @@ fn prepared(
     (p, o)
 }
 
+/// The lock allocator answers "can restart, 0" for cn-1: its hand-over is confirmed.
+fn allocator_confirms_cn_1(o: &mut Observation) {
+    o.lock_allocator = Ok(AllocatorView {
+        restarting: BTreeMap::from([(
+            "uuid-cn-1".to_string(),
+            RestartAnswer {
+                can_restart: true,
+                remaining_txns: 0,
+            },
+        )]),
+        ..AllocatorView::default()
+    });
+}
+
 fn sends(d: &Decision, what: fn(&Action) -> bool) -> bool {
     d.actions.iter().any(what)
 }
@@ -1679,16 +1693,7 @@ fn a_cn_handed_over_before_a_halt_is_not_restarted_while_halted() {
         reason: "cn-0 crashed in its window".into(),
     };
     let (mut p, mut o) = prepared(halted, DrainStage::Confirmed, true);
-    o.lock_allocator = Ok(AllocatorView {
-        restarting: BTreeMap::from([(
-            "uuid-cn-1".to_string(),
-            RestartAnswer {
-                can_restart: true,
-                remaining_txns: 0,
-            },
-        )]),
-        ..AllocatorView::default()
-    });
+    allocator_confirms_cn_1(&mut o);
     for _ in 0..5 {
         let d = decide(&mut p, &o);
         assert!(
@@ -1750,16 +1755,7 @@ fn a_version_set_back_takes_a_prepared_cn_back_and_restarts_a_handed_over_one_in
     // cluster now goes), never onto the abandoned v1.2.3.2.4.
     let (mut p, mut o) = prepared(RolloutStatus::Running, DrainStage::Confirmed, true);
     o.desired.upgrade.as_mut().expect("upgrade").target_version = "v1.2.3".into();
-    o.lock_allocator = Ok(AllocatorView {
-        restarting: BTreeMap::from([(
-            "uuid-cn-1".to_string(),
-            RestartAnswer {
-                can_restart: true,
-                remaining_txns: 0,
-            },
-        )]),
-        ..AllocatorView::default()
-    });
+    allocator_confirms_cn_1(&mut o);
     let mut restarted = Vec::new();
     for _ in 0..5 {
         let d = decide(&mut p, &o);
@@ -1778,16 +1774,7 @@ fn a_version_set_back_takes_a_prepared_cn_back_and_restarts_a_handed_over_one_in
 #[test]
 fn a_rollback_keeps_a_handed_over_cn_in_its_lane_and_sends_it_back_not_forward() {
     let (p, mut o) = prepared(RolloutStatus::Running, DrainStage::Confirmed, true);
-    o.lock_allocator = Ok(AllocatorView {
-        restarting: BTreeMap::from([(
-            "uuid-cn-1".to_string(),
-            RestartAnswer {
-                can_restart: true,
-                remaining_txns: 0,
-            },
-        )]),
-        ..AllocatorView::default()
-    });
+    allocator_confirms_cn_1(&mut o);
     // cn-0 crashed in its window (its gate fails past the stall timeout): the phase rolls back.
     o.pods
         .iter_mut()
@@ -2054,16 +2041,7 @@ fn a_handed_over_cn_its_catalog_left_behind_waits_for_the_new_targets_cn_phase()
     let (p, o) = prepared(RolloutStatus::Running, DrainStage::Confirmed, true);
     let (mut p, mut o) = across_catalogs(&p, &o, SafeConfig::default());
     // The allocator confirms cn-1's hand-over: only the version holds its restart.
-    o.lock_allocator = Ok(AllocatorView {
-        restarting: BTreeMap::from([(
-            "uuid-cn-1".to_string(),
-            RestartAnswer {
-                can_restart: true,
-                remaining_txns: 0,
-            },
-        )]),
-        ..AllocatorView::default()
-    });
+    allocator_confirms_cn_1(&mut o);
     o.desired.upgrade = Some(UpgradeSpec {
         target_version: "v4.2.0".into(),
         strategy: Strategy::parse(r#"{"log":[],"tn":["log"],"cn":["tn"],"proxy":["cn"]}"#).unwrap(),
