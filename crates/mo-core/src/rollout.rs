@@ -401,11 +401,12 @@ impl Rollout {
     }
 
     /// Notes the version of every CN restart among `actions` (the decision about to be
-    /// recorded, then acted on) in [`Rollout::cn_versions`].
+    /// recorded, then acted on) in [`Rollout::cn_versions`]. A restart of a pod not observed
+    /// counts as a CN's: noting too much only refuses more.
     pub fn note_cn_restarts(&mut self, obs: &Observation, actions: &[Action]) {
         for action in actions {
             if let Action::RestartPod { pod, version, .. } = action
-                && obs.pod(pod).is_some_and(|p| p.component == Component::Cn)
+                && obs.pod(pod).is_none_or(|p| p.component == Component::Cn)
             {
                 note_cn_version(&mut self.cn_versions, version);
             }
